@@ -1,0 +1,33 @@
+# elastic-rl: `make run` and `make test` are the two set-up commands (see README).
+# Both create .venv, install the project with the CPU build of torch, install
+# etcd if it is missing, then run. Re-running is fast: the install is redone
+# only when pyproject.toml or this Makefile changes.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+TORCH_VERSION := 2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+.PHONY: setup run test etcd clean
+
+setup: $(INSTALLED) etcd
+
+$(INSTALLED): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# The CPU torch first and pinned: an unpinned torch pulls gigabytes of CUDA wheels.
+	$(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+etcd:
+	@command -v etcd >/dev/null 2>&1 || scripts/install-etcd.sh
+
+run: setup
+	$(PY) -m elastic_rl.demo examples/tiny-grpo.yaml
+
+test: setup
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,1 @@
+"""The chaos harness: fault injectors, scenarios and the invariant checker."""

@@ -1,0 +1,1 @@
+"""Inference engines behind one HTTP contract (SGLang's), the router, and their clients."""

@@ -1,0 +1,151 @@
+"""Async HTTP clients for an engine (SGLang's API) and for the path through the router.
+
+Every call goes through ``_call``, which retries connection failures and 5xx
+answers with exponential backoff and jitter (tenacity) and re-raises the last
+error as ``EngineError`` with the URL in its message. Retries live only here,
+at the HTTP boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from elastic_rl.errors import EngineError
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class _Retryable(Exception):
+    """A failure worth another attempt: no connection, or a 5xx answer."""
+
+
+class EngineClient:
+    """Talks to one engine, or to the router, which answers the same generation API."""
+
+    def __init__(self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S, attempts: int = 3):
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.attempts = attempts
+
+    async def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, timeout_s: float | None = None
+    ) -> Any:
+        url = f"{self.base_url}{path}"
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(_Retryable),
+                stop=stop_after_attempt(self.attempts),
+                wait=wait_exponential_jitter(initial=0.1, max=2.0),
+                reraise=True,
+            ):
+                with attempt:
+                    return await self._once(method, url, body, timeout)
+        except _Retryable as exc:
+            raise EngineError(f"{method} {url} failed after {self.attempts} attempts: {exc}") from exc
+
+    @staticmethod
+    async def _once(method: str, url: str, body: dict[str, Any] | None, timeout: aiohttp.ClientTimeout) -> Any:
+        data = orjson.dumps(body) if body is not None else None
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                async with session.request(method, url, data=data, headers=headers) as response:
+                    raw = await response.read()
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+        if response.status >= 500:
+            raise _Retryable(f"HTTP {response.status}: {raw[:300]!r}")
+        if response.status >= 400:
+            raise EngineError(f"{method} {url}: HTTP {response.status}: {raw[:500].decode(errors='replace')}")
+        if not raw:
+            return None
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return raw.decode(errors="replace")
+
+    # --- the generation API -----------------------------------------------------
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any] | None = None,
+        return_logprob: bool = True,
+        rid: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params or {},
+            "return_logprob": return_logprob,
+        }
+        if rid is not None:
+            body["rid"] = rid
+        return await self._call("POST", "/generate", body)
+
+    async def health(self, timeout_s: float = 5.0) -> bool:
+        return await self._probe("/health", timeout_s)
+
+    async def health_generate(self, timeout_s: float = 5.0) -> bool:
+        return await self._probe("/health_generate", timeout_s)
+
+    async def _probe(self, path: str, timeout_s: float) -> bool:
+        try:
+            await self._once("GET", f"{self.base_url}{path}", None, aiohttp.ClientTimeout(total=timeout_s))
+        except (_Retryable, EngineError):
+            return False
+        return True
+
+    async def wait_healthy(self, timeout_s: float, process: subprocess.Popen | None = None) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if process is not None and process.poll() is not None:
+                raise EngineError(f"{self.base_url}: the server process exited with code {process.returncode} while starting")
+            if await self.health(timeout_s=2.0):
+                return
+            await asyncio.sleep(0.2)
+        raise EngineError(f"{self.base_url}: the server did not become healthy within {timeout_s:.0f}s")
+
+    # --- control ------------------------------------------------------------------
+
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str, abort_all_requests: bool = False
+    ) -> dict[str, Any]:
+        return await self._call(
+            "POST",
+            "/update_weights_from_disk",
+            {"model_path": model_path, "weight_version": weight_version, "abort_all_requests": abort_all_requests},
+        )
+
+    async def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
+        body: dict[str, Any] = {"abort_all": abort_all}
+        if rid is not None:
+            body["rid"] = rid
+        await self._call("POST", "/abort_request", body)
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        await self._call("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._call("POST", "/continue_generation", {})
+
+    async def flush_cache(self) -> None:
+        await self._call("POST", "/flush_cache")
+
+    async def model_info(self) -> dict[str, Any]:
+        return await self._call("GET", "/get_model_info")
+
+    async def server_info(self) -> dict[str, Any]:
+        return await self._call("GET", "/get_server_info")

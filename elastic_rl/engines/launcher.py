@@ -1,0 +1,65 @@
+"""Builds the command line of an engine of either kind and starts it.
+
+``engine_command`` is pure: it turns the engines spec into the argv of
+``python -m elastic_rl.engines.cpu_server`` (kind ``cpu``) or of
+``python -m sglang.launch_server`` (kind ``sglang``; the spec's ``extra_args``
+pass through untouched, for fp8, DeepEP, speculative decoding and the like).
+``start_engine`` runs it as a child process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
+
+from elastic_rl.config import EnginesSpec
+
+
+def engine_command(
+    spec: EnginesSpec,
+    model_path: Path,
+    port: int,
+    host: str = "127.0.0.1",
+    weight_version: str = "0",
+    deterministic: bool = False,
+) -> list[str]:
+    if spec.kind == "cpu":
+        return [
+            sys.executable, "-m", "elastic_rl.engines.cpu_server",
+            "--model-path", str(model_path),
+            "--host", host,
+            "--port", str(port),
+            "--weight-version", weight_version,
+        ]  # fmt: skip
+    command = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model_path),
+        "--host", host,
+        "--port", str(port),
+        "--tp-size", str(spec.tp_size),
+        "--mem-fraction-static", str(spec.mem_fraction_static),
+        "--weight-version", weight_version,
+    ]  # fmt: skip
+    if deterministic:
+        command.append("--enable-deterministic-inference")
+    return command + list(spec.extra_args)
+
+
+def start_engine(
+    spec: EnginesSpec,
+    model_path: Path,
+    port: int,
+    log_file: IO[bytes] | None = None,
+    host: str = "127.0.0.1",
+    weight_version: str = "0",
+    deterministic: bool = False,
+) -> subprocess.Popen:
+    """Start an engine process; wait for it with ``EngineClient.wait_healthy(timeout, process)``."""
+    return subprocess.Popen(
+        engine_command(spec, model_path, port, host, weight_version, deterministic),
+        stdout=log_file,
+        stderr=subprocess.STDOUT if log_file is not None else None,
+    )
+

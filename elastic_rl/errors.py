@@ -1,0 +1,19 @@
+"""The errors elastic-rl raises to a user, each with a message they can act on."""
+
+from __future__ import annotations
+
+
+class ElasticRLError(Exception):
+    """Base of every error meant for a user rather than a traceback."""
+
+
+class SpecError(ElasticRLError):
+    """A job spec is invalid. Holds one line per problem, each naming its field or file."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class EngineError(ElasticRLError):
+    """An inference engine or the router answered with an error or not at all."""

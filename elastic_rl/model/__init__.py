@@ -1,0 +1,1 @@
+"""The policy model: builders, the Megatron CPU shim, the tokenizer and converters to HF."""

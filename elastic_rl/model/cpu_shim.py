@@ -1,0 +1,106 @@
+"""Lets megatron-core run on machines without CUDA.
+
+megatron-core assumes a GPU in three places that a CPU run reaches:
+
+- ``megatron.core.tensor_parallel.random.get_cuda_rng_tracker``: the tracker that
+  forks named RNG streams for dropout and initialisation stores CUDA generator
+  states (``torch.cuda.get_rng_state``), which do not exist without CUDA. The
+  shim installs ``CpuRngStatesTracker``, the same interface over CPU generator
+  states, and seeds it the way ``model_parallel_cuda_manual_seed`` would.
+- ``megatron.core.parallel_state.get_global_memory_buffer``: the scratch buffer
+  used by local attention and by tensor-parallel gathers allocates on
+  ``torch.cuda.current_device()``. The shim replaces the buffer with
+  ``CpuGlobalMemoryBuffer``, which allocates on the CPU.
+- ``megatron.core.models.common.embeddings.rotary_pos_embedding.RotaryEmbedding.get_emb``
+  moves the inverse frequencies to ``torch.cuda.current_device()`` on first use.
+  The shim replaces it with ``_rotary_embedding_on_cpu``, the same computation
+  left on the CPU.
+
+Nothing else is patched. ``apply_cpu_shim`` does nothing when CUDA is present,
+so the same code runs unchanged on GPU nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from functools import reduce
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.tensor_parallel import random as megatron_random
+from megatron.core.utils import GlobalMemoryBuffer
+
+# Offset megatron adds to the seed of the tensor-parallel stream.
+_TENSOR_PARALLEL_SEED_OFFSET = 2718
+
+
+class CpuRngStatesTracker(megatron_random.CudaRNGStatesTracker):
+    """Named RNG streams kept as CPU generator states."""
+
+    def add(self, name: str, seed: int) -> None:
+        if name in self.states_:
+            raise ValueError(f"rng state {name!r} already exists")
+        if seed in self.seeds_:
+            raise ValueError(f"seed {seed} already exists")
+        self.seeds_.add(seed)
+        saved = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(saved)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = megatron_random._MODEL_PARALLEL_RNG_TRACKER_NAME):
+        if name not in self.states_:
+            raise KeyError(f"rng state {name!r} is not added")
+        saved = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(saved)
+
+
+class CpuGlobalMemoryBuffer(GlobalMemoryBuffer):
+    """megatron's scratch buffer, allocated in CPU memory."""
+
+    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
+        required = reduce(operator.mul, tensor_shape, 1)
+        buffer = self.buffer.get((name, dtype))
+        if buffer is None or buffer.numel() < required:
+            buffer = torch.empty(required, dtype=dtype)
+            self.buffer[(name, dtype)] = buffer
+        return buffer[:required].view(*tensor_shape)
+
+
+def _rotary_embedding_on_cpu(self: RotaryEmbedding, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+    freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+    if self.rotary_interleaved:
+        emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+    else:
+        emb = torch.cat((freqs, freqs), dim=-1)
+    return emb[:, None, None, :]
+
+
+def apply_cpu_shim(seed: int) -> None:
+    """Seed megatron's RNG streams; on a CPU-only machine, patch the three CUDA uses.
+
+    Call after ``parallel_state.initialize_model_parallel`` and before building
+    the model.
+    """
+    if torch.cuda.is_available():
+        megatron_random.model_parallel_cuda_manual_seed(seed)
+        return
+    tracker = CpuRngStatesTracker()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tracker.add(megatron_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
+    tracker.add(
+        megatron_random._MODEL_PARALLEL_RNG_TRACKER_NAME,
+        seed + _TENSOR_PARALLEL_SEED_OFFSET + tp_rank,
+    )
+    megatron_random._CUDA_RNG_STATE_TRACKER = tracker
+    megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    parallel_state._GLOBAL_MEMORY_BUFFER = CpuGlobalMemoryBuffer()
+    RotaryEmbedding.get_emb = _rotary_embedding_on_cpu

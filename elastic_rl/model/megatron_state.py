@@ -1,0 +1,45 @@
+"""Gathers a tensor-parallel megatron model into one full, TP-independent state.
+
+Each rank holds slices of the tensor-parallel weights (megatron marks them with
+``tensor_model_parallel`` and ``partition_dim``). ``full_state_dict`` gathers the
+slices so that the result is exactly the state a TP=1 model would hold. The one
+weight whose layout depends on TP is the gated MLP's ``linear_fc1``: each rank
+stores [its gate rows; its up rows], and the full layout is [all gate; all up].
+Converters to other formats start from this canonical state.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state
+
+GATED_FC1_SUFFIX = "mlp.linear_fc1.weight"
+
+
+def _gather(shard: torch.Tensor, dim: int) -> list[torch.Tensor]:
+    world = parallel_state.get_tensor_model_parallel_world_size()
+    if world == 1:
+        return [shard]
+    shards = [torch.empty_like(shard) for _ in range(world)]
+    torch.distributed.all_gather(
+        shards, shard.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
+    )
+    return shards
+
+
+@torch.no_grad()
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters in the TP=1 layout, on every tensor-parallel rank."""
+    state: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        value = param.detach().cpu()
+        if not getattr(param, "tensor_model_parallel", False):
+            state[name] = value.clone()
+            continue
+        shards = _gather(value, param.partition_dim)
+        if name.endswith(GATED_FC1_SUFFIX):
+            halves = [shard.chunk(2, dim=0) for shard in shards]
+            state[name] = torch.cat([gate for gate, _ in halves] + [up for _, up in halves], dim=0)
+        else:
+            state[name] = torch.cat(shards, dim=param.partition_dim)
+    return state

@@ -1,0 +1,66 @@
+"""Log probabilities and entropy from logits sharded over the vocabulary.
+
+With tensor parallelism each rank holds the logits of a slice of the
+vocabulary. These functions reduce across the tensor-parallel group so every
+rank gets the full-vocabulary answer, with gradients that flow back to each
+rank's own slice. At tensor-parallel size 1 they are plain log-softmax maths.
+They stand in for megatron's ``vocab_parallel_cross_entropy``, whose backward
+allocates on the GPU, and give the RL losses the per-token log probabilities
+and entropies they need.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+
+def _shard_bounds(logits: torch.Tensor) -> tuple[int, int]:
+    shard = logits.shape[-1]
+    start = parallel_state.get_tensor_model_parallel_rank() * shard
+    return start, start + shard
+
+
+def _normaliser(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits shifted by the global max, and the log of the global partition function."""
+    global_max = logits.detach().amax(dim=-1, keepdim=True)
+    torch.distributed.all_reduce(
+        global_max,
+        op=torch.distributed.ReduceOp.MAX,
+        group=parallel_state.get_tensor_model_parallel_group(),
+    )
+    shifted = logits - global_max
+    sum_exp = reduce_from_tensor_model_parallel_region(shifted.exp().sum(dim=-1))
+    return shifted, sum_exp.log()
+
+
+def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target) for each position. ``logits``: [..., vocab/tp]; ``targets``: [...]."""
+    shifted, log_z = _normaliser(logits.float())
+    start, end = _shard_bounds(logits)
+    local = (targets >= start) & (targets < end)
+    index = (targets - start).clamp(0, end - start - 1).unsqueeze(-1)
+    picked = shifted.gather(-1, index).squeeze(-1) * local
+    return reduce_from_tensor_model_parallel_region(picked) - log_z
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the full-vocabulary distribution at each position."""
+    shifted, log_z = _normaliser(logits.float())
+    probs = (shifted - log_z.unsqueeze(-1)).exp()
+    expected_shifted = reduce_from_tensor_model_parallel_region((probs * shifted).sum(dim=-1))
+    return log_z - expected_shifted
+
+
+@torch.no_grad()
+def gather_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The full-vocabulary logits on every rank (no gradient: for evaluation and checks)."""
+    world = parallel_state.get_tensor_model_parallel_world_size()
+    if world == 1:
+        return logits
+    shards = [torch.empty_like(logits) for _ in range(world)]
+    torch.distributed.all_gather(
+        shards, logits.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
+    )
+    return torch.cat(shards, dim=-1)

@@ -1,0 +1,1 @@
+"""Pure decisions, no I/O: observed state in, actions out (restart backoff, health verdicts, NaN response, placement)."""
