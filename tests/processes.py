@@ -1,0 +1,86 @@
+"""Helpers that start the project's real servers as child processes for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from elastic_rl.config import EnginesSpec
+from elastic_rl.engines.client import EngineClient
+from elastic_rl.engines.launcher import start_engine
+from elastic_rl.engines.router import RouterClient, router_command
+from elastic_rl.net import free_port, url
+
+REPO = Path(__file__).resolve().parent.parent
+SPEC = REPO / "examples" / "tiny-grpo.yaml"
+
+
+def export_checkpoint(out: Path, *overrides: str) -> Path:
+    """Export an initial checkpoint of the tiny model through the real CLI module."""
+    command = [sys.executable, "-m", "elastic_rl.model.export", str(SPEC), str(out)]
+    for override in overrides:
+        command += ["--set", override]
+    subprocess.run(command, check=True, cwd=REPO, capture_output=True, timeout=120)
+    return out
+
+
+class Server:
+    """A started server process and its URL."""
+
+    def __init__(self, process: subprocess.Popen, port: int):
+        self.process = process
+        self.port = port
+        self.url = url(port)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+
+@contextmanager
+def cpu_engines(model_path: Path, count: int, log_dir: Path) -> Iterator[list[Server]]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    servers = []
+    try:
+        for index in range(count):
+            port = free_port()
+            log = open(log_dir / f"engine-{index}-{port}.log", "wb")
+            servers.append(Server(start_engine(EnginesSpec(kind="cpu"), model_path, port, log), port))
+        for server in servers:
+            asyncio.run(EngineClient(server.url).wait_healthy(60, server.process))
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@contextmanager
+def router(engines: list[Server], log_dir: Path) -> Iterator[Server]:
+    port = free_port()
+    log = open(log_dir / f"router-{port}.log", "wb")
+    server = Server(
+        subprocess.Popen(router_command(port, free_port()), stdout=log, stderr=subprocess.STDOUT), port
+    )
+    try:
+        client = RouterClient(server.url)
+
+        async def register() -> None:
+            await client.wait_healthy(60, server.process)
+            for engine in engines:
+                await client.add_worker(engine.url)
+
+        asyncio.run(register())
+        yield server
+    finally:
+        server.stop()

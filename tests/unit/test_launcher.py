@@ -1,0 +1,37 @@
+"""The command lines the launcher builds for each engine kind."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from elastic_rl.config import EnginesSpec
+from elastic_rl.engines.launcher import engine_command
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+
+def test_cpu_engine_command():
+    command = engine_command(EnginesSpec(kind="cpu"), Path("/w/0"), 30001, weight_version="4")
+    assert command[:3] == [sys.executable, "-m", "elastic_rl.engines.cpu_server"]
+    assert command[command.index("--port") + 1] == "30001"
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert command[command.index("--weight-version") + 1] == "4"
+
+
+def test_sglang_command_passes_extra_args_through():
+    # model_construct: this machine has no SGLang, which validation would refuse.
+    spec = EnginesSpec.model_construct(
+        kind="sglang",
+        tp_size=2,
+        mem_fraction_static=0.7,
+        extra_args=["--quantization", "fp8", "--speculative-algorithm", "EAGLE"],
+    )
+    command = engine_command(spec, Path("/w/0"), 30002, deterministic=True)
+    assert command[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert command[command.index("--tp-size") + 1] == "2"
+    assert command[command.index("--mem-fraction-static") + 1] == "0.7"
+    assert "--enable-deterministic-inference" in command
+    assert command[-4:] == ["--quantization", "fp8", "--speculative-algorithm", "EAGLE"]
