@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup run test etcd clean
+.PHONY: setup run demo test etcd clean
 
 setup: $(INSTALLED) etcd
 
@@ -23,7 +23,12 @@ $(INSTALLED): pyproject.toml Makefile
 etcd:
 	@command -v etcd >/dev/null 2>&1 || scripts/install-etcd.sh
 
+# The tiny GRPO job under erld, in a fresh work dir each time.
 run: setup
+	$(VENV)/bin/erl run examples/tiny-grpo.yaml --workdir runs/tiny-grpo-$$(date +%Y%m%d-%H%M%S)
+
+# The model and engine stack alone: export, two cpu engines, the router, generations.
+demo: setup
 	$(PY) -m elastic_rl.demo examples/tiny-grpo.yaml
 
 test: setup

@@ -1,0 +1,1 @@
+"""The RL objective as pure tensor functions: advantages, policy losses, KL estimators."""

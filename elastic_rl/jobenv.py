@@ -1,0 +1,77 @@
+"""The environment erld gives a job's processes, and the layout of a job's work dir.
+
+Each process of a job reads its configuration from these variables: the job
+id, its work dir, the resolved spec (a JSON file in the work dir) and the
+addresses of the job's servers. The path helpers name where each kind of
+bulk data lives in the work dir. No torch here: the CLI uses this module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from elastic_rl.atomic import write_file_atomic
+from elastic_rl.config import JobSpec
+
+JOB = "ERL_JOB"
+WORKDIR = "ERL_WORKDIR"
+ETCD = "ERL_ETCD"
+ROUTER_URL = "ERL_ROUTER_URL"
+LIGHTHOUSE_URL = "ERL_LIGHTHOUSE_URL"
+REPLICA = "ERL_REPLICA"
+DEVICE = "ERL_DEVICE"
+
+SPEC_FILE = "spec.json"
+META_FILE = "meta.json"
+
+
+def write_spec(workdir: Path, spec: JobSpec) -> Path:
+    path = workdir / SPEC_FILE
+    write_file_atomic(path, orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS))
+    return path
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    job: str
+    workdir: Path
+    spec: JobSpec
+
+    @classmethod
+    def from_environ(cls) -> JobEnv:
+        missing = [name for name in (JOB, WORKDIR) if name not in os.environ]
+        if missing:
+            raise RuntimeError(f"not started by erld: {', '.join(missing)} unset")
+        workdir = Path(os.environ[WORKDIR])
+        spec = JobSpec.model_validate(orjson.loads((workdir / SPEC_FILE).read_bytes()))
+        return cls(job=os.environ[JOB], workdir=workdir, spec=spec)
+
+
+def weights_dir(workdir: Path, version: int) -> Path:
+    return workdir / "weights" / str(version)
+
+
+def train_metrics_path(workdir: Path, rollout_id: int) -> Path:
+    return workdir / "metrics" / f"train-{rollout_id:06d}.json"
+
+
+def latest_weights_version(workdir: Path) -> int | None:
+    folder = workdir / "weights"
+    versions = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+    return max(versions, default=None)
+
+
+def rollout_dir(workdir: Path, rollout_id: int) -> Path:
+    return workdir / "rollouts" / f"{rollout_id:06d}"
+
+
+def committed_rollouts(workdir: Path) -> list[int]:
+    """Ids of the rollouts whose folders are complete (the folder appears atomically)."""
+    folder = workdir / "rollouts"
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / META_FILE).is_file())

@@ -1,0 +1,1 @@
+"""The orchestrator's side: data source, rewards, generation and the rollout batches it hands the trainers."""

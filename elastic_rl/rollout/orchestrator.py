@@ -1,0 +1,202 @@
+"""The orchestrator process: draws prompts, generates through the router, scores, commits rollouts.
+
+    started by erld as: python -m elastic_rl.rollout.orchestrator   (ERL_* variables from jobenv)
+
+For each rollout it makes sure the engines serve the weight version the mode
+prescribes (sync: version N for rollout N; async: version N - 1, so rollout
+N + 1 generates while N trains), generates ``n_samples_per_prompt`` responses
+per prompt, scores them, and commits the batch with the data source's state to
+``rollouts/<N>``. It writes one metrics line per trained rollout to
+``metrics.jsonl`` and the job's progress to etcd, and exits 0 once the last
+rollout is trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import torch
+
+from elastic_rl import jobenv
+from elastic_rl.config import JobSpec
+from elastic_rl.engines.client import EngineClient
+from elastic_rl.engines.router import RouterClient
+from elastic_rl.model.tokenizer import load_tokenizer
+from elastic_rl.rollout.batch import RolloutBatch, read_rollout, write_rollout
+from elastic_rl.rollout.data import DataSource, Prompt
+from elastic_rl.rollout.progress import ProgressReporter
+from elastic_rl.rollout.rewards import load_reward
+
+log = logging.getLogger("elastic_rl.orchestrator")
+
+POLL_INTERVAL_S = 0.05
+
+
+def generating_version(rollout_id: int, mode: str) -> int:
+    """The weight version that generates a rollout: a function of its id and the mode only."""
+    return rollout_id if mode == "sync" else max(0, rollout_id - 1)
+
+
+def sample_seed(job_seed: int, rollout_id: int, sample_index: int) -> int:
+    digest = hashlib.sha256(f"{job_seed}/{rollout_id}/{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+class Orchestrator:
+    def __init__(self, env: jobenv.JobEnv, router: RouterClient, progress: ProgressReporter):
+        self.spec: JobSpec = env.spec
+        self.workdir = env.workdir
+        self.router = router
+        self.progress = progress
+        self.tokenizer = load_tokenizer(self.spec.model.tokenizer)
+        self.reward = load_reward(self.spec.rollout.reward)
+        self.data = DataSource(self.spec.data, self.spec.seed)
+        self.engine_version: int | None = None
+        self.rollout_times: dict[int, float] = {}
+
+    # --- weights --------------------------------------------------------------
+
+    async def wait_for_weights(self, version: int) -> Path:
+        folder = jobenv.weights_dir(self.workdir, version)
+        while not folder.is_dir():
+            await asyncio.sleep(POLL_INTERVAL_S)
+        return folder
+
+    async def serve_version(self, version: int) -> None:
+        """Load weights ``version`` into every engine behind the router."""
+        if self.engine_version == version:
+            return
+        folder = await self.wait_for_weights(version)
+        urls = sorted(await self.router.worker_urls())
+        await asyncio.gather(
+            *(EngineClient(url).update_weights_from_disk(str(folder), str(version)) for url in urls)
+        )
+        self.engine_version = version
+
+    # --- generation -------------------------------------------------------------
+
+    async def generate(self, rollout_id: int, prompts: list[Prompt]) -> tuple[RolloutBatch, dict[str, float]]:
+        spec = self.spec.rollout
+        started = time.monotonic()
+        requests = []
+        for prompt_number, prompt in enumerate(prompts):
+            prompt_ids = self.tokenizer(prompt.text)["input_ids"]
+            for sample in range(spec.n_samples_per_prompt):
+                params: dict[str, Any] = {
+                    "temperature": spec.temperature,
+                    "top_p": spec.top_p,
+                    "top_k": spec.top_k,
+                    "max_new_tokens": spec.max_new_tokens,
+                }
+                if spec.deterministic:
+                    index = prompt_number * spec.n_samples_per_prompt + sample
+                    params["sampling_seed"] = sample_seed(self.spec.seed, rollout_id, index)
+                requests.append((prompt, prompt_ids, params))
+        results = await asyncio.gather(*(self.router.generate(ids, params) for _, ids, params in requests))
+        elapsed = time.monotonic() - started
+        batch = self._to_batch(requests, results)
+        lengths = batch.response_lengths.float()
+        longest = max(results, key=lambda r: r["meta_info"]["completion_tokens"])
+        rewards = batch.rewards
+        metrics = {
+            "rollout/reward_mean": rewards.mean().item(),
+            "rollout/reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+            "rollout/response_length_mean": lengths.mean().item(),
+            "rollout/response_length_max": lengths.max().item(),
+            "rollout/time": elapsed,
+            "perf/generated_tokens_per_sec": lengths.sum().item() / elapsed,
+            "perf/longest_sample_tokens_per_sec": longest["meta_info"]["completion_tokens"]
+            / max(longest["meta_info"]["e2e_latency"], 1e-9),
+        }
+        return batch, metrics
+
+    def _to_batch(self, requests, results) -> RolloutBatch:
+        rows = [ids + r["output_ids"] for (_, ids, _), r in zip(requests, results)]
+        width = max(len(row) for row in rows)
+        tokens = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        engine_logprobs = torch.zeros(len(rows), width)
+        rewards, versions = [], []
+        for i, ((prompt, ids, _), result) in enumerate(zip(requests, results)):
+            tokens[i, : len(rows[i])] = torch.tensor(rows[i])
+            logprobs = [entry[0] for entry in result["meta_info"]["output_token_logprobs"]]
+            engine_logprobs[i, len(ids) : len(ids) + len(logprobs)] = torch.tensor(logprobs)
+            response = self.tokenizer.decode(result["output_ids"], skip_special_tokens=True)
+            rewards.append(float(self.reward(prompt.text, response, prompt.label)))
+            versions.append(int(result["meta_info"]["weight_version"]))
+        return RolloutBatch(
+            tokens=tokens,
+            prompt_lengths=torch.tensor([len(ids) for _, ids, _ in requests]),
+            response_lengths=torch.tensor([len(r["output_ids"]) for r in results]),
+            engine_logprobs=engine_logprobs,
+            rewards=torch.tensor(rewards, dtype=torch.float32),
+            prompt_indices=torch.tensor([p.index for p, _, _ in requests]),
+            prompt_epochs=torch.tensor([p.epoch for p, _, _ in requests]),
+            weight_versions=torch.tensor(versions),
+        )
+
+    # --- the loop ---------------------------------------------------------------
+
+    def resume_point(self) -> int:
+        """Restore the data source from the newest committed rollout; return the next id."""
+        done = jobenv.committed_rollouts(self.workdir)
+        if not done:
+            return 0
+        _, meta = read_rollout(self.workdir, done[-1])
+        self.data.load_state_dict(meta["data_state"])
+        return done[-1] + 1
+
+    async def record_trained(self, rollout_id: int) -> None:
+        """Once the trainer has applied ``rollout_id``, log its metrics line and progress."""
+        metrics_file = jobenv.train_metrics_path(self.workdir, rollout_id)
+        await self.wait_for_weights(rollout_id + 1)
+        while not metrics_file.is_file():
+            await asyncio.sleep(POLL_INTERVAL_S)
+        _, meta = read_rollout(self.workdir, rollout_id)
+        line = {"rollout": rollout_id, **meta["metrics"], **orjson.loads(metrics_file.read_bytes())}
+        with open(self.workdir / "metrics.jsonl", "ab") as handle:
+            handle.write(orjson.dumps(line) + b"\n")
+        await self.progress.report(rollout_id, line)
+
+    async def run(self) -> None:
+        spec = self.spec.rollout
+        start = self.resume_point()
+        recorded = start
+        for rollout_id in range(start, spec.num_rollouts):
+            await self.serve_version(generating_version(rollout_id, spec.mode))
+            # In async mode this records rollout N - 1, trained while N was generated.
+            while recorded < rollout_id and jobenv.weights_dir(self.workdir, recorded + 1).is_dir():
+                await self.record_trained(recorded)
+                recorded += 1
+            prompts = self.data.draw(spec.prompts_per_rollout)
+            batch, metrics = await self.generate(rollout_id, prompts)
+            metrics["rollout/weight_version"] = float(self.engine_version)
+            write_rollout(
+                self.workdir, rollout_id, batch, {"data_state": self.data.state_dict(), "metrics": metrics}
+            )
+            log.info("rollout %d committed: reward %.3f", rollout_id, metrics["rollout/reward_mean"])
+        for rollout_id in range(recorded, spec.num_rollouts):
+            await self.record_trained(rollout_id)
+        await self.progress.finish()
+
+
+async def amain() -> None:
+    env = jobenv.JobEnv.from_environ()
+    router = RouterClient(os.environ[jobenv.ROUTER_URL])
+    async with ProgressReporter.connect(env.job, os.environ.get(jobenv.ETCD)) as progress:
+        await Orchestrator(env, router, progress).run()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(amain())
+
+
+if __name__ == "__main__":
+    main()

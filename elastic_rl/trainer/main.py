@@ -1,0 +1,109 @@
+"""The trainer process: one tensor-parallel rank of one replica.
+
+    started by erld as: python -m elastic_rl.trainer.main
+    (ERL_* variables from jobenv; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT for the replica's TP group)
+
+It builds the Megatron model, joins the job's torchft quorum through a Manager
+(even with one replica), then for each rollout in order: waits for the
+orchestrator to commit it, trains on it, and exports the new weights to
+``weights/<rollout + 1>`` for the engines, with its metrics beside them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import orjson
+import torch
+from torchft import Manager, ProcessGroupGloo
+
+from elastic_rl import jobenv
+from elastic_rl.atomic import write_file_atomic
+from elastic_rl.model.convert import export_hf
+from elastic_rl.model.gpt import build_gpt, init_model_parallel
+from elastic_rl.model.megatron_state import full_state_dict
+from elastic_rl.model.tokenizer import load_tokenizer, padded_vocab_size
+from elastic_rl.rollout.batch import read_rollout
+from elastic_rl.trainer.grpo import GrpoTrainer, lr_lambda
+
+log = logging.getLogger("elastic_rl.trainer")
+
+POLL_INTERVAL_S = 0.05
+
+
+def wait_for_rollout(workdir: Path, rollout_id: int) -> None:
+    folder = jobenv.rollout_dir(workdir, rollout_id)
+    while not folder.is_dir():
+        time.sleep(POLL_INTERVAL_S)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    env = jobenv.JobEnv.from_environ()
+    spec, workdir = env.spec, env.workdir
+    if (jobenv.latest_weights_version(workdir) or 0) > 0:
+        # Training state lives only in this process until snapshots exist: a
+        # restarted trainer would silently start over from the initial weights.
+        raise SystemExit(
+            f"trainer: {workdir} already holds trained weights and the trainer cannot resume "
+            "without a snapshot; the job must be restarted from a fresh work dir"
+        )
+    tp = spec.trainer.tensor_parallel
+    replica = int(os.environ.get(jobenv.REPLICA, "0"))
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+
+    init_model_parallel(tp, spec.seed)
+    rank = torch.distributed.get_rank()
+    tokenizer = load_tokenizer(spec.model.tokenizer)
+    vocab_size = padded_vocab_size(tokenizer)
+    model = build_gpt(spec.model, vocab_size, tp)
+    reference = None
+    if spec.algorithm.kl_coef > 0:
+        # The same seed builds the same initial weights: the frozen reference policy.
+        reference = build_gpt(spec.model, vocab_size, tp).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=spec.trainer.lr,
+        betas=(spec.trainer.adam_beta1, spec.trainer.adam_beta2),
+        weight_decay=spec.trainer.weight_decay,
+    )
+    steps_per_rollout = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
+    total_steps = spec.rollout.num_rollouts * steps_per_rollout
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, total_steps))
+
+    ft = spec.fault_tolerance
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=ft.quorum_timeout_s)),
+        min_replica_size=1,
+        load_state_dict=lambda state: (model.load_state_dict(state["model"]), optimizer.load_state_dict(state["optim"])),
+        state_dict=lambda: {"model": model.state_dict(), "optim": optimizer.state_dict()},
+        replica_id=f"{env.job}-replica{replica}",
+        lighthouse_addr=os.environ[jobenv.LIGHTHOUSE_URL],
+        rank=rank,
+        world_size=tp,
+        use_async_quorum=False,
+        timeout=timedelta(seconds=ft.quorum_timeout_s),
+        quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
+    )
+    trainer = GrpoTrainer(spec, model, optimizer, scheduler, manager, reference)
+    exporter = replica == 0 and rank == 0
+    for rollout_id in range(spec.rollout.num_rollouts):
+        wait_for_rollout(workdir, rollout_id)
+        batch, _ = read_rollout(workdir, rollout_id)
+        metrics = trainer.train_rollout(batch)
+        state = full_state_dict(model)
+        if exporter:
+            version = rollout_id + 1
+            write_file_atomic(jobenv.train_metrics_path(workdir, rollout_id), orjson.dumps(metrics))
+            export_hf(jobenv.weights_dir(workdir, version), state, spec.model, vocab_size, tokenizer)
+            log.info("rollout %d trained: weights version %d %s", rollout_id, version, metrics)
+    manager.shutdown(wait=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""The tiny job under a real erld, a real embedded etcd and real job processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from elastic_rl.net import free_port
+from elastic_rl.store import keys
+from elastic_rl.store.client import Store
+from elastic_rl.store.embedded import EmbeddedEtcd
+from tests.processes import REPO, SPEC
+
+pytestmark = [pytest.mark.integration]
+
+# A short version of examples/tiny-grpo.yaml that still learns.
+SHORT_JOB = ["--set", "rollout.num_rollouts=40"]
+
+
+def erl(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_rl.cli", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO, check=check,
+    )  # fmt: skip
+
+
+class Daemon:
+    """`erl daemon` with an embedded etcd, its systemd notify socket captured."""
+
+    def __init__(self, state_dir: Path, port: int, notify_path: Path):
+        self.state_dir, self.port, self.notify_path = state_dir, port, notify_path
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path)}
+        log = open(self.state_dir / "erld-test.log", "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(self.state_dir),
+             "--etcd-port", str(self.port), "--cpu-devices", "4", "--node", "test-node"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def wait_ready(self, notify: socket.socket, timeout: float = 60) -> list[str]:
+        messages = receive(notify, timeout, until="READY=1", process=self.process)
+        assert any(m.startswith("READY=1") for m in messages), (self.state_dir / "erld-test.log").read_text()
+        return messages
+
+
+def receive(sock: socket.socket, timeout: float, until: str, process: subprocess.Popen | None = None) -> list[str]:
+    messages = []
+    deadline = time.monotonic() + timeout
+    sock.settimeout(0.5)
+    while time.monotonic() < deadline and (process is None or process.poll() is None):
+        try:
+            message = sock.recv(4096).decode()
+        except TimeoutError:
+            continue
+        messages.append(message)
+        if message.startswith(until):
+            break
+    return messages
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    notify_path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(notify_path))
+        server = Daemon(tmp_path / "state", free_port(), notify_path)
+        server.state_dir.mkdir()
+        server.start()
+        server.wait_ready(notify)
+        server.notify = notify
+        yield server
+        if server.process.poll() is None:
+            server.process.send_signal(signal.SIGTERM)
+            server.process.wait(timeout=60)
+        # The embedded etcd of a SIGKILLed erld may still run: stop it by its pid file.
+        pid_file = server.state_dir / "etcd.pid"
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def metrics(workdir: Path) -> list[dict]:
+    return [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def status(daemon: Daemon, job: str) -> dict:
+    return orjson.loads(erl("status", job, "-o", "json", "--etcd", daemon.endpoint, check=True).stdout)
+
+
+@pytest.mark.timeout(600)
+def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
+    workdir = tmp_path / "job"
+    run = erl("run", str(SPEC), *SHORT_JOB, "--workdir", str(workdir), "--etcd", daemon.endpoint, timeout=540)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "succeeded" in run.stdout
+
+    lines = metrics(workdir)
+    assert [line["rollout"] for line in lines] == list(range(40))
+    rewards = [line["rollout/reward_mean"] for line in lines]
+    assert sum(rewards[:5]) / 5 <= 0.2
+    assert sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + 0.15, rewards
+    # slime's CI checks: the trainer's recomputed log probs equal the engine's on the
+    # first rollout, and the PPO KL of the first step of every rollout is exactly 0.
+    assert lines[0]["train/logprob_abs_diff_max"] <= 1e-5
+    assert all(line["train/first_step_ppo_kl"] == 0.0 for line in lines)
+    for key in ("rollout/reward_std", "rollout/response_length_mean", "train/entropy", "train/clipfrac",
+                "train/grad_norm", "train/step_time", "rollout/time", "perf/generated_tokens_per_sec",
+                "perf/longest_sample_tokens_per_sec", "train/kl"):  # fmt: skip
+        assert key in lines[0]
+
+    final = status(daemon, "tiny-grpo")
+    assert final["status"]["phase"] == "succeeded"
+    assert final["progress"]["rollouts_done"] == 40
+    assert erl("list", "--etcd", daemon.endpoint, check=True).stdout.count("succeeded") == 1
+
+
+@pytest.mark.timeout(600)
+def test_killed_erld_restarts_and_the_job_completes(daemon, tmp_path):
+    workdir = tmp_path / "job"
+    submitted = erl("submit", str(SPEC), "--set", "rollout.num_rollouts=30", "--workdir", str(workdir),
+                    "--etcd", daemon.endpoint, check=True)  # fmt: skip
+    assert "erl status tiny-grpo" in submitted.stdout
+    deadline = time.monotonic() + 300
+    while status(daemon, "tiny-grpo")["progress"].get("rollouts_done", 0) < 3:
+        assert time.monotonic() < deadline, "the job made no progress"
+        time.sleep(0.5)
+    before = {name: proc["pid"] for name, proc in status(daemon, "tiny-grpo")["procs"].items()}
+
+    daemon.process.kill()
+    daemon.process.wait(timeout=10)
+    daemon.start()
+    daemon.wait_ready(daemon.notify)
+
+    while status(daemon, "tiny-grpo")["status"]["phase"] == "running":
+        assert time.monotonic() < deadline + 200, "the job did not finish after erld restarted"
+        time.sleep(0.5)
+    final = status(daemon, "tiny-grpo")
+    assert final["status"]["phase"] == "succeeded", final
+    assert final["progress"]["rollouts_done"] == 30
+    # The job's processes survived erld's death and were adopted, not restarted.
+    assert before["trainer-0-0"] == final["procs"]["trainer-0-0"]["pid"]
+    assert any(event["kind"] == "job_adopted" for event in final["events"] + status(daemon, "tiny-grpo")["events"])
+    assert [line["rollout"] for line in metrics(workdir)] == list(range(30))
+
+
+@pytest.mark.timeout(300)
+def test_process_that_keeps_crashing_fails_the_job_with_a_reason(daemon, tmp_path):
+    run = erl(
+        "run", str(SPEC), "--workdir", str(tmp_path / "job"), "--etcd", daemon.endpoint,
+        "--set", "rollout.reward=no_such_module:score", "--set", "fault_tolerance.max_restarts=1",
+        timeout=240,
+    )  # fmt: skip
+    assert run.returncode == 1
+    final = status(daemon, "tiny-grpo")
+    assert final["status"]["phase"] == "failed"
+    assert "orchestrator" in final["status"]["reason"] and "restart budget 1" in final["status"]["reason"]
+    assert final["procs"]["orchestrator"]["state"] == "failed"
+
+
+@pytest.mark.timeout(300)
+def test_stop_then_sigterm(daemon, tmp_path):
+    erl("submit", str(SPEC), "--workdir", str(tmp_path / "job"), "--etcd", daemon.endpoint, check=True)
+    deadline = time.monotonic() + 120
+    while status(daemon, "tiny-grpo")["progress"].get("rollouts_done", 0) < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    pids = [proc["pid"] for proc in status(daemon, "tiny-grpo")["procs"].values()]
+    assert "stopping" in erl("stop", "tiny-grpo", "--etcd", daemon.endpoint, check=True).stdout
+    while status(daemon, "tiny-grpo")["status"]["phase"] != "stopped":
+        assert time.monotonic() < deadline + 60
+        time.sleep(0.3)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+    receive(daemon.notify, 1, until="__drain__")
+    daemon.process.send_signal(signal.SIGTERM)
+    messages = receive(daemon.notify, 30, until="STOPPING=1")
+    assert "STOPPING=1" in messages
+    assert daemon.process.wait(timeout=60) == 0
+
+
+def test_watchdog_and_status_while_running(daemon):
+    receive(daemon.notify, 1, until="__drain__")
+    messages = receive(daemon.notify, 3, until="__never__")
+    assert "WATCHDOG=1" in messages
+    assert any(m.startswith("STATUS=node test-node") for m in messages)
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_revokes_the_lease_on_an_external_etcd(tmp_path):
+    etcd = EmbeddedEtcd(tmp_path / "etcd-state", client_port=free_port())
+    asyncio.run(etcd.start())
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "elastic_rl.cli", "daemon", "--etcd", etcd.endpoint,
+             "--state-dir", str(tmp_path / "erld-state"), "--node", "leaving-node"],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+        async def node_keys() -> dict:
+            async with Store(etcd.endpoint) as store:
+                return await store.get_prefix(keys.NODES)
+
+        deadline = time.monotonic() + 60
+        while "/erl/nodes/leaving-node" not in asyncio.run(node_keys()):
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        # Gone at once, not after the lease's TTL runs out.
+        assert asyncio.run(node_keys()) == {}
+    finally:
+        etcd.stop()
+
+
+@pytest.mark.timeout(60)
+def test_invalid_spec_never_reaches_etcd(daemon):
+    bad = erl("submit", str(SPEC), "--set", "engines.count=0", "--etcd", daemon.endpoint)
+    assert bad.returncode == 2
+    assert "engines.count" in bad.stderr
+    assert orjson.loads(erl("list", "-o", "json", "--etcd", daemon.endpoint, check=True).stdout) == []
+
+
+@pytest.mark.timeout(60)
+def test_commands_without_a_daemon_say_how_to_start_one():
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    for args in (("submit", str(SPEC)), ("status",), ("list",)):
+        result = erl(*args, "--etcd", nowhere)
+        assert result.returncode == 1
+        assert "no erld is running" in result.stderr and "erl daemon" in result.stderr

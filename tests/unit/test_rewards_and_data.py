@@ -1,0 +1,74 @@
+"""Built-in rewards, user rewards, and the data source's draw order and state."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastic_rl.config import DataSpec
+from elastic_rl.errors import SpecError
+from elastic_rl.rollout.data import DataSource
+from elastic_rl.rollout.rewards import boxed_math, exact_match, f1, last_boxed, load_reward, toy_copy
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+
+def test_toy_copy_counts_matching_positions():
+    assert toy_copy("ab=", "ab", "ab") == 1.0
+    assert toy_copy("ab=", "ax", "ab") == 0.5
+    assert toy_copy("ab=", "", "ab") == 0.0
+
+
+def test_exact_match_ignores_case_space_and_punctuation():
+    assert exact_match("", "  Paris. ", "paris") == 1.0
+    assert exact_match("", "Lyon", "paris") == 0.0
+
+
+def test_boxed_math():
+    assert last_boxed(r"so \boxed{\frac{1}{2}} and \boxed{42}") == "42"
+    assert last_boxed(r"\boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert boxed_math("", r"the answer is \boxed{ 42 }", "42") == 1.0
+    assert boxed_math("", r"\boxed{42.0}", r"\boxed{42}") == 1.0
+    assert boxed_math("", "42", "42") == 0.0
+
+
+def test_f1():
+    assert f1("", "the cat sat", "the cat sat") == 1.0
+    assert f1("", "cat", "the cat sat") == pytest.approx(0.5)
+    assert f1("", "dog", "the cat") == 0.0
+
+
+def test_user_reward_by_module_function():
+    assert load_reward("elastic_rl.rollout.rewards:f1") is f1
+    with pytest.raises(SpecError, match="cannot load"):
+        load_reward("no_such_module:score")
+
+
+def test_every_prompt_drawn_once_per_epoch():
+    source = DataSource(DataSpec(num_prompts=10), seed=3)
+    first_epoch = source.draw(10)
+    assert sorted(p.index for p in first_epoch) == list(range(10))
+    assert {p.epoch for p in first_epoch} == {0}
+    second = source.draw(3)
+    assert {p.epoch for p in second} == {1}
+
+
+def test_restored_source_continues_exactly():
+    original = DataSource(DataSpec(num_prompts=10), seed=3)
+    original.draw(7)
+    restored = DataSource(DataSpec(num_prompts=10), seed=3)
+    restored.load_state_dict(original.state_dict())
+    assert restored.draw(8) == original.draw(8)
+
+
+def test_jsonl_prompts(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "2+2=", "label": "4"}\n\n{"prompt": "1+1=", "label": "2"}\n')
+    source = DataSource(DataSpec(task=None, path=path, shuffle=False), seed=0)
+    assert [(p.text, p.label) for p in source.draw(2)] == [("2+2=", "4"), ("1+1=", "2")]
+
+
+def test_bad_jsonl_line_is_named(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "a"}\nnot json\n')
+    with pytest.raises(SpecError, match=":2:"):
+        DataSource(DataSpec(task=None, path=path), seed=0)
