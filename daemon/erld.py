@@ -64,6 +64,8 @@ class Erld:
         )
         for index in range(self.cpu_devices):
             await self.store.put(keys.device(self.node, index), {"kind": "cpu", "state": "healthy"}, lease=self.lease)
+        for runner in self.runners.values():
+            runner.lease = self.lease
 
     async def keep_alive(self) -> None:
         """Refresh the node lease on its own schedule, so a busy main loop never loses membership."""
@@ -150,7 +152,9 @@ class Erld:
         spec = JobSpec.model_validate(await self.store.get(keys.job_spec(job_id)))
         workdir = Path(status["workdir"])
         events = EventLog(self.store, job_id, workdir, self.node)
-        runner = JobRunner(job_id, spec, workdir, status["devices"], self.store, self.endpoint, events)
+        runner = JobRunner(
+            job_id, spec, workdir, status["devices"], self.store, self.endpoint, events, lease=self.lease
+        )
         self.runners[job_id] = runner
         # Starting takes seconds (initial weights, engines loading): off the main loop.
         runner.launch(self.load_state().get(job_id))

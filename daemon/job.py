@@ -81,6 +81,7 @@ class JobRunner:
         store: Store,
         etcd_endpoint: str,
         events: EventLog,
+        lease=None,
     ):
         self.job_id = job_id
         self.spec = spec
@@ -89,6 +90,8 @@ class JobRunner:
         self.store = store
         self.etcd_endpoint = etcd_endpoint
         self.events = events
+        # Process records are bound to erld's node lease: they vanish with a dead erld.
+        self.lease = lease
         self.policy = RestartPolicy(spec.fault_tolerance.max_restarts, spec.fault_tolerance.restart_window_s)
         self.procs: dict[str, ProcRecord] = {}
         self.children: dict[str, subprocess.Popen] = {}
@@ -226,6 +229,7 @@ class JobRunner:
                 "restarts": len(record.restarts),
                 "exit_code": record.exit_code,
             },
+            lease=self.lease,
         )
 
     # --- lifecycle --------------------------------------------------------------

@@ -127,6 +127,10 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
     assert final["status"]["phase"] == "succeeded"
     assert final["progress"]["rollouts_done"] == 40
     assert erl("list", "--etcd", daemon.endpoint, check=True).stdout.count("succeeded") == 1
+    text = erl("status", "tiny-grpo", "--etcd", daemon.endpoint, check=True).stdout
+    assert "job tiny-grpo: succeeded" in text and "rollouts: 40/40" in text and "orchestrator" in text
+    logs = erl("logs", "tiny-grpo", "--proc", "orchestrator", "--etcd", daemon.endpoint, check=True).stdout
+    assert "rollout 39 committed" in logs
 
 
 @pytest.mark.timeout(600)

@@ -22,7 +22,7 @@ def problems(path: Path, *overrides: str) -> list[str]:
 def test_example_loads_with_defaults():
     spec = load_spec(SPEC)
     assert spec.name == "tiny-grpo"
-    assert spec.rollout.n_samples_per_prompt == 8
+    assert spec.rollout.n_samples_per_prompt == 16
     assert spec.checkpoints.keep_last == 3
     assert spec.resolved_workdir == Path("runs/tiny-grpo")
 
@@ -83,7 +83,7 @@ def test_zero_or_negative_counts(override, field):
 
 def test_global_batch_must_hold_whole_groups():
     (problem,) = problems(SPEC, "trainer.global_batch_size=36", "trainer.micro_batch_size=12")
-    assert "global_batch_size (36) must be a multiple of rollout.n_samples_per_prompt (8)" in problem
+    assert "global_batch_size (36) must be a multiple of rollout.n_samples_per_prompt (16)" in problem
 
 
 def test_every_problem_is_reported_at_once():
