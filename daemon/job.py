@@ -350,6 +350,7 @@ class JobRunner:
             self._signal(record, signal.SIGKILL)
             if record.state in ("running", "restarting"):
                 record.state = "stopped"
+                await self._publish(record)
         for child in self.children.values():
             try:
                 child.wait(timeout=5)

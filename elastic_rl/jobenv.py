@@ -8,6 +8,7 @@ bulk data lives in the work dir. No torch here: the CLI uses this module.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,11 @@ DEVICE = "ERL_DEVICE"
 
 SPEC_FILE = "spec.json"
 META_FILE = "meta.json"
+
+
+def spec_hash(spec: JobSpec) -> str:
+    """A short hash of the resolved spec, recorded in every snapshot."""
+    return hashlib.sha256(orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
 def write_spec(workdir: Path, spec: JobSpec) -> Path:

@@ -25,6 +25,7 @@ def engine_command(
     weight_version: str = "0",
     deterministic: bool = False,
 ) -> list[str]:
+    determinism = ["--enable-deterministic-inference"] if deterministic else []
     if spec.kind == "cpu":
         return [
             sys.executable, "-m", "elastic_rl.engines.cpu_server",
@@ -32,6 +33,7 @@ def engine_command(
             "--host", host,
             "--port", str(port),
             "--weight-version", weight_version,
+            *determinism,
         ]  # fmt: skip
     command = [
         sys.executable, "-m", "sglang.launch_server",
@@ -41,9 +43,8 @@ def engine_command(
         "--tp-size", str(spec.tp_size),
         "--mem-fraction-static", str(spec.mem_fraction_static),
         "--weight-version", weight_version,
+        *determinism,
     ]  # fmt: skip
-    if deterministic:
-        command.append("--enable-deterministic-inference")
     return command + list(spec.extra_args)
 
 

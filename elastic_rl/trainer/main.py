@@ -6,7 +6,13 @@
 It builds the Megatron model, joins the job's torchft quorum through a Manager
 (even with one replica), then for each rollout in order: waits for the
 orchestrator to commit it, trains on it, and exports the new weights to
-``weights/<rollout + 1>`` for the engines, with its metrics beside them.
+``weights/<rollout + 1>`` for the engines, with its metrics beside them. Every
+``checkpoints.interval_rollouts`` it takes a snapshot.
+
+Resume needs no flag: on start it restores the newest valid snapshot (an
+invalid one is skipped with a log line) and replays the committed rollouts
+after it, which are still in the log; with no snapshot it replays from the
+initial weights, which the seed determines.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ import orjson
 import torch
 from torchft import Manager, ProcessGroupGloo
 
+from checkpoints.discovery import newest_valid_snapshot
+from checkpoints.retention import apply_retention
+from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.model.convert import export_hf
@@ -45,13 +54,6 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     env = jobenv.JobEnv.from_environ()
     spec, workdir = env.spec, env.workdir
-    if (jobenv.latest_weights_version(workdir) or 0) > 0:
-        # Training state lives only in this process until snapshots exist: a
-        # restarted trainer would silently start over from the initial weights.
-        raise SystemExit(
-            f"trainer: {workdir} already holds trained weights and the trainer cannot resume "
-            "without a snapshot; the job must be restarted from a fresh work dir"
-        )
     tp = spec.trainer.tensor_parallel
     replica = int(os.environ.get(jobenv.REPLICA, "0"))
     torch.use_deterministic_algorithms(True)
@@ -92,17 +94,44 @@ def main() -> None:
     )
     trainer = GrpoTrainer(spec, model, optimizer, scheduler, manager, reference)
     exporter = replica == 0 and rank == 0
-    for rollout_id in range(spec.rollout.num_rollouts):
+    state = TrainingState(model, optimizer, scheduler)
+    first_rollout = resume(state, workdir)
+
+    def retain(step: int, path: Path) -> None:
+        log.info("snapshot %d committed: %s", step, path)
+        apply_retention(workdir, spec.checkpoints.keep_last, spec.checkpoints.keep_every)
+
+    snapshots = SnapshotWriter(workdir, spec.checkpoints.async_save, on_committed=retain)
+    spec_hash = jobenv.spec_hash(spec)
+    for rollout_id in range(first_rollout, spec.rollout.num_rollouts):
         wait_for_rollout(workdir, rollout_id)
         batch, _ = read_rollout(workdir, rollout_id)
         metrics = trainer.train_rollout(batch)
-        state = full_state_dict(model)
+        weights = full_state_dict(model)
         if exporter:
             version = rollout_id + 1
             write_file_atomic(jobenv.train_metrics_path(workdir, rollout_id), orjson.dumps(metrics))
-            export_hf(jobenv.weights_dir(workdir, version), state, spec.model, vocab_size, tokenizer)
+            # A replayed rollout reproduces the weights it exported before: keep those.
+            if not jobenv.weights_dir(workdir, version).exists():
+                export_hf(jobenv.weights_dir(workdir, version), weights, spec.model, vocab_size, tokenizer)
             log.info("rollout %d trained: weights version %d %s", rollout_id, version, metrics)
+        # Replica 0 snapshots for the job; the others hold the same state.
+        if replica == 0 and (rollout_id + 1) % spec.checkpoints.interval_rollouts == 0:
+            snapshots.save(state, scheduler.last_epoch, rollout_id, spec_hash)
+    snapshots.wait()
     manager.shutdown(wait=False)
+
+
+def resume(state: TrainingState, workdir: Path) -> int:
+    """Restore the newest valid snapshot, if any; return the first rollout to train."""
+    info = newest_valid_snapshot(
+        workdir, on_invalid=lambda path, why: log.warning("skipping snapshot %s: %s", path, why)
+    )
+    if info is None:
+        return 0
+    step, last_rollout = load_snapshot(state, info.path)
+    log.info("resumed from snapshot %s: step %d, last rollout %d", info.path, step, last_rollout)
+    return last_rollout + 1
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.erld_support import daemon  # noqa: F401 (a fixture for the erld tests)
 from tests.processes import export_checkpoint
 
 # Long enough for generations that are still running when a test acts on them.

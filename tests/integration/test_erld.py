@@ -18,88 +18,13 @@ from elastic_rl.net import free_port
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.embedded import EmbeddedEtcd
+from tests.integration.erld_support import erl, metrics, receive, status
 from tests.processes import REPO, SPEC
 
 pytestmark = [pytest.mark.integration]
 
 # A short version of examples/tiny-grpo.yaml that still learns.
 SHORT_JOB = ["--set", "rollout.num_rollouts=40"]
-
-
-def erl(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "elastic_rl.cli", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO, check=check,
-    )  # fmt: skip
-
-
-class Daemon:
-    """`erl daemon` with an embedded etcd, its systemd notify socket captured."""
-
-    def __init__(self, state_dir: Path, port: int, notify_path: Path):
-        self.state_dir, self.port, self.notify_path = state_dir, port, notify_path
-        self.endpoint = f"http://127.0.0.1:{port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path)}
-        log = open(self.state_dir / "erld-test.log", "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(self.state_dir),
-             "--etcd-port", str(self.port), "--cpu-devices", "4", "--node", "test-node"],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def wait_ready(self, notify: socket.socket, timeout: float = 60) -> list[str]:
-        messages = receive(notify, timeout, until="READY=1", process=self.process)
-        assert any(m.startswith("READY=1") for m in messages), (self.state_dir / "erld-test.log").read_text()
-        return messages
-
-
-def receive(sock: socket.socket, timeout: float, until: str, process: subprocess.Popen | None = None) -> list[str]:
-    messages = []
-    deadline = time.monotonic() + timeout
-    sock.settimeout(0.5)
-    while time.monotonic() < deadline and (process is None or process.poll() is None):
-        try:
-            message = sock.recv(4096).decode()
-        except TimeoutError:
-            continue
-        messages.append(message)
-        if message.startswith(until):
-            break
-    return messages
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    notify_path = tmp_path / "notify.sock"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
-        notify.bind(str(notify_path))
-        server = Daemon(tmp_path / "state", free_port(), notify_path)
-        server.state_dir.mkdir()
-        server.start()
-        server.wait_ready(notify)
-        server.notify = notify
-        yield server
-        if server.process.poll() is None:
-            server.process.send_signal(signal.SIGTERM)
-            server.process.wait(timeout=60)
-        # The embedded etcd of a SIGKILLed erld may still run: stop it by its pid file.
-        pid_file = server.state_dir / "etcd.pid"
-        if pid_file.exists():
-            try:
-                os.kill(int(pid_file.read_text()), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-
-def metrics(workdir: Path) -> list[dict]:
-    return [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-
-
-def status(daemon: Daemon, job: str) -> dict:
-    return orjson.loads(erl("status", job, "-o", "json", "--etcd", daemon.endpoint, check=True).stdout)
 
 
 @pytest.mark.timeout(600)

@@ -19,8 +19,8 @@ from tests.processes import REPO
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
-def run_ranks(tp: int, out: Path) -> dict:
-    """Run the worker as `tp` real processes in one gloo group; return rank 0's results."""
+def run_module_ranks(module: str, tp: int, *args) -> None:
+    """Run ``python -m module args`` as `tp` real processes in one gloo group."""
     port = free_port()
     processes = []
     for rank in range(tp):
@@ -33,11 +33,16 @@ def run_ranks(tp: int, out: Path) -> dict:
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1",
         }
-        command = [sys.executable, "-m", "tests.integration.megatron_worker", str(out)]
+        command = [sys.executable, "-m", module, *map(str, args)]
         processes.append(subprocess.Popen(command, env=env, cwd=REPO, stderr=subprocess.PIPE))
     for process in processes:
         _, stderr = process.communicate(timeout=200)
         assert process.returncode == 0, stderr.decode()[-3000:]
+
+
+def run_ranks(tp: int, out: Path) -> dict:
+    """Run the megatron worker at TP=tp; return rank 0's results."""
+    run_module_ranks("tests.integration.megatron_worker", tp, out)
     return orjson.loads((out / "result.json").read_bytes())
 
 

@@ -1,0 +1,165 @@
+"""Snapshots of a trainer replica's state, written with torch.distributed.checkpoint (DCP).
+
+A snapshot holds the model, the AdamW state, the LR scheduler's position, the
+RNG state, the optimizer step and the id of the last rollout applied. Each
+tensor-parallel rank contributes its own slices as DTensors over the TP mesh,
+described in the TP=1 layout (the gated MLP's ``linear_fc1`` is saved as
+separate ``gate`` and ``up`` halves), so DCP can load a snapshot taken at one
+TP size into a model built at another.
+
+Saving is asynchronous by default: the training loop waits only while the
+tensors are staged (copied); a background thread writes them with DCP over a
+process group of its own, and rank 0 commits the snapshot by writing its
+manifest last (``checkpoints.manifest``). DCP's own ``async_save`` stager fails
+on CPU-only builds of torch 2.13 ("invalid python storage"), hence the thread. Nothing is
+pickled by us: every value, scalars and RNG state included, is a tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from megatron.core import parallel_state
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from checkpoints.discovery import snapshot_path
+from checkpoints.manifest import verify, write_manifest
+from elastic_rl.model.megatron_state import GATED_FC1_SUFFIX
+
+log = logging.getLogger("checkpoints.snapshot")
+
+ADAM_STATES = ("exp_avg", "exp_avg_sq")
+
+
+@dataclass
+class TrainingState:
+    """The live objects a snapshot is taken from and restored into."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+
+def tp_mesh() -> DeviceMesh:
+    return DeviceMesh.from_group(parallel_state.get_tensor_model_parallel_group(), "cpu", mesh_dim_names=("tp",))
+
+
+def _views(name: str, param: torch.nn.Parameter, tensor: torch.Tensor, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
+    """``tensor`` (this rank's slice of ``param``, or its Adam state) as DCP entries in the TP=1 layout."""
+    if not getattr(param, "tensor_model_parallel", False):
+        return {name: DTensor.from_local(tensor, mesh, [Replicate()], run_check=False)}
+    dim = param.partition_dim
+    if name.endswith(GATED_FC1_SUFFIX):
+        gate, up = tensor.chunk(2, dim=0)
+        return {
+            f"{name}.gate": DTensor.from_local(gate, mesh, [Shard(0)], run_check=False),
+            f"{name}.up": DTensor.from_local(up, mesh, [Shard(0)], run_check=False),
+        }
+    return {name: DTensor.from_local(tensor, mesh, [Shard(dim)], run_check=False)}
+
+
+def _state_dict(state: TrainingState, step: int, last_rollout: int) -> dict[str, torch.Tensor]:
+    """Every value of a snapshot, as tensors that alias the live ones (so a load fills them in place)."""
+    mesh = tp_mesh()
+    entries: dict[str, torch.Tensor] = {
+        "meta.step": torch.tensor(step),
+        "meta.last_rollout": torch.tensor(last_rollout),
+        "meta.scheduler_epoch": torch.tensor(state.scheduler.last_epoch),
+        "meta.rng_cpu": torch.get_rng_state(),
+    }
+    for name, param in state.model.named_parameters():
+        entries.update({f"model.{k}": v for k, v in _views(name, param, param.data, mesh).items()})
+        adam = state.optimizer.state.get(param)
+        if adam:
+            entries[f"optim.{name}.step"] = adam["step"]
+            for key in ADAM_STATES:
+                entries.update({f"optim.{k}.{key}": v for k, v in _views(name, param, adam[key], mesh).items()})
+    return entries
+
+
+class SnapshotWriter:
+    """Takes snapshots of one replica; at most one save in flight."""
+
+    def __init__(self, workdir: Path, async_save: bool, on_committed=None, on_failed=None):
+        self.workdir = workdir
+        self.async_save = async_save
+        self.on_committed = on_committed or (lambda step, path: log.info("snapshot %d committed: %s", step, path))
+        self.on_failed = on_failed or (lambda step, error: log.error("snapshot %d failed: %r", step, error))
+        # DCP's background writes coordinate on a group of their own, apart from training's collectives.
+        self.group = torch.distributed.new_group(backend="gloo")
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
+        self.pending: Future | None = None
+
+    def save(self, state: TrainingState, step: int, last_rollout: int, spec_hash: str) -> None:
+        self.wait()
+        path = snapshot_path(self.workdir, step)
+        if path.exists():
+            if verify(path) is None:
+                return  # a replayed step whose snapshot was already committed
+            if torch.distributed.get_rank() == 0:
+                shutil.rmtree(path)  # the remains of a save that was killed
+            torch.distributed.barrier(group=self.group)
+        staged = {name: _staged(value) for name, value in _state_dict(state, step, last_rollout).items()}
+        fields = {"step": step, "last_rollout": last_rollout, "spec_hash": spec_hash}
+        if self.async_save:
+            self.pending = self.executor.submit(self._write, staged, path, fields)
+        else:
+            self._write(staged, path, fields)
+
+    def _write(self, staged: dict[str, torch.Tensor], path: Path, fields: dict) -> None:
+        try:
+            dcp.save(staged, checkpoint_id=str(path), process_group=self.group)
+            self._commit(path, fields)
+        except (Exception, dcp.CheckpointException) as exc:  # CheckpointException is a BaseException
+            self.on_failed(fields["step"], exc)
+
+    def _commit(self, path: Path, fields: dict) -> None:
+        if torch.distributed.get_rank() == 0:
+            write_manifest(path, fields)
+            self.on_committed(fields["step"], path)
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is written and committed."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()  # _write reports its own failures and never raises
+
+
+def _staged(value: torch.Tensor) -> torch.Tensor:
+    """A copy that training can no longer change."""
+    if isinstance(value, DTensor):
+        return DTensor.from_local(
+            value.to_local().clone(), value.device_mesh, value.placements,
+            run_check=False, shape=value.shape, stride=value.stride(),
+        )  # fmt: skip
+    return value.clone()
+
+
+def load_snapshot(state: TrainingState, path: Path) -> tuple[int, int]:
+    """Restore ``state`` from the snapshot at ``path`` (any TP size); return (step, last_rollout)."""
+    for param in state.model.parameters():
+        if param not in state.optimizer.state:
+            state.optimizer.state[param] = {
+                "step": torch.tensor(0.0),
+                **{key: torch.zeros_like(param.data) for key in ADAM_STATES},
+            }
+    entries = _state_dict(state, step=0, last_rollout=0)
+    dcp.load(entries, checkpoint_id=str(path))
+    torch.set_rng_state(entries["meta.rng_cpu"])
+    _sync_scheduler(state.scheduler, int(entries["meta.scheduler_epoch"]))
+    return int(entries["meta.step"]), int(entries["meta.last_rollout"])
+
+
+def _sync_scheduler(scheduler: torch.optim.lr_scheduler.LRScheduler, epoch: int) -> None:
+    """Put a LambdaLR back at ``epoch`` with the learning rates it had there."""
+    scheduler.last_epoch = epoch
+    for group, base_lr, fn in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base_lr * fn(epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]

@@ -1,0 +1,74 @@
+"""One rank of a snapshot round trip, started by test_snapshots.py.
+
+    python -m tests.integration.snapshot_worker MODE WORKDIR   (RANK, WORLD_SIZE, MASTER_* set)
+
+MODE ``save``: build the tiny model at TP = WORLD_SIZE, take 3 AdamW steps,
+snapshot (async), take 2 more steps, and write the full weights after each
+phase. MODE ``load``: build at TP = WORLD_SIZE, restore the newest snapshot,
+write the restored full weights, take the same 2 steps, write the weights.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from checkpoints.discovery import newest_valid_snapshot
+from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
+from elastic_rl.config import ModelSpec
+from elastic_rl.model.gpt import build_gpt, destroy_model_parallel, forward_gpt, init_model_parallel
+from elastic_rl.model.megatron_state import full_state_dict
+from elastic_rl.model.vocab_parallel import token_log_probs
+
+SPEC = ModelSpec(hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96)
+
+
+def step(state: TrainingState, batch: torch.Tensor) -> None:
+    loss = -token_log_probs(forward_gpt(state.model, batch[:, :-1]), batch[:, 1:]).mean()
+    state.optimizer.zero_grad()
+    loss.backward()
+    state.optimizer.step()
+    state.scheduler.step()
+
+
+def main() -> None:
+    mode, workdir = sys.argv[1], Path(sys.argv[2])
+    torch.use_deterministic_algorithms(True)
+    tp = int(os.environ["WORLD_SIZE"])
+    init_model_parallel(tp, seed=5)
+    model = build_gpt(SPEC, 64, tp)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
+    state = TrainingState(model, optimizer, scheduler)
+    batch = torch.randint(4, 60, (4, 16), generator=torch.Generator().manual_seed(0))
+    rank0 = torch.distributed.get_rank() == 0
+    out = workdir / f"{mode}-tp{tp}"
+    if mode == "save":
+        writer = SnapshotWriter(workdir, async_save=os.environ.get("ASYNC", "1") == "1")
+        for _ in range(3):
+            step(state, batch)
+        writer.save(state, step=3, last_rollout=7, spec_hash="test")
+        snapshot_weights = full_state_dict(model)
+        for _ in range(2):
+            step(state, batch)
+        writer.wait()
+        final = full_state_dict(model)
+    else:
+        info = newest_valid_snapshot(workdir)
+        assert (info.step, info.last_rollout) == (3, 7), info
+        assert load_snapshot(state, info.path) == (3, 7)
+        snapshot_weights = full_state_dict(model)
+        assert scheduler.last_epoch == 3
+        for _ in range(2):
+            step(state, batch)
+        final = full_state_dict(model)
+    if rank0:
+        torch.save({"snapshot": snapshot_weights, "final": final}, str(out) + ".pt")
+    destroy_model_parallel()
+
+
+if __name__ == "__main__":
+    main()
