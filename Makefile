@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup run demo test etcd clean
+.PHONY: setup run demo test chaos etcd clean
 
 setup: $(INSTALLED) etcd
 
@@ -33,6 +33,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest
+
+# The long chaos runs: five rounds of random kills, each checked against a fault-free run.
+chaos: setup
+	$(PY) -m pytest -m chaos tests/integration/test_resume.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -58,5 +58,14 @@ def snapshots_to_delete(steps: list[int], keep_last: int, keep_every: int) -> li
     return sorted(s for s in steps if s not in newest and not (keep_every and s % keep_every == 0))
 
 
+def newest_committed_snapshot(workdir: Path) -> SnapshotInfo | None:
+    """The newest snapshot with a manifest, without re-reading its files (for `erl status`)."""
+    for step in _steps(workdir):
+        manifest = read_manifest(snapshot_path(workdir, step))
+        if manifest is not None:
+            return SnapshotInfo(step=step, path=snapshot_path(workdir, step), last_rollout=int(manifest["last_rollout"]))
+    return None
+
+
 def valid_steps(workdir: Path) -> list[int]:
     return sorted(step for step in _steps(workdir) if verify(snapshot_path(workdir, step)) is None)

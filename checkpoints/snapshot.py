@@ -118,6 +118,9 @@ class SnapshotWriter:
             dcp.save(staged, checkpoint_id=str(path), process_group=self.group)
             self._commit(path, fields)
         except (Exception, dcp.CheckpointException) as exc:  # CheckpointException is a BaseException
+            if torch.distributed.get_rank() == 0:
+                # Never valid without a manifest; removing it gives a full disk its room back.
+                shutil.rmtree(path, ignore_errors=True)
             self.on_failed(fields["step"], exc)
 
     def _commit(self, path: Path, fields: dict) -> None:

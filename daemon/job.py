@@ -39,8 +39,6 @@ from policies.restart import RestartPolicy, decide_restart
 
 log = logging.getLogger("erld.job")
 
-STOP_GRACE_S = 10.0
-
 
 @dataclass
 class ProcPlan:
@@ -343,7 +341,7 @@ class JobRunner:
             await asyncio.gather(self._starting, return_exceptions=True)
         for record in self.procs.values():
             self._signal(record, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
+        deadline = time.monotonic() + self.spec.fault_tolerance.stop_grace_s
         while time.monotonic() < deadline and any(self._alive(r) for r in self.procs.values()):
             await asyncio.sleep(0.1)
         for record in self.procs.values():

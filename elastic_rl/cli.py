@@ -87,6 +87,13 @@ def _format_status(info: dict[str, Any]) -> str:
         f"weight version: {progress.get('weight_version', 0)}   "
         f"reward: {'-' if reward is None else f'{reward:.3f}'}"
     )
+    snapshot, log = info.get("snapshot"), info.get("rollout_log")
+    lines.append(
+        "  snapshot: "
+        + ("none yet" if snapshot is None else f"step {snapshot['step']} (after rollout {snapshot['last_rollout']})")
+        + "   rollout log: "
+        + ("empty" if log is None else f"rollouts {log[0]}..{log[1]}")
+    )
     if info["procs"]:
         lines.append("  processes:")
         for name, proc in info["procs"].items():
@@ -132,6 +139,15 @@ async def cmd_stop(args: argparse.Namespace) -> int:
         await jobs.require_daemon(store)
         phase = await jobs.stop(store, args.job)
     print(f"job {args.job}: {phase}")
+    return 0
+
+
+async def cmd_resume(args: argparse.Namespace) -> int:
+    async with Store(_endpoint(args), attempts=1) as store:
+        await jobs.require_daemon(store)
+        await jobs.resume(store, args.job, args.snapshot)
+    where = "the newest valid snapshot" if args.snapshot is None else f"snapshot {args.snapshot}"
+    print(f"job {args.job} resumes from {where}; follow it with `erl status {args.job}`")
     return 0
 
 
@@ -342,6 +358,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     stop = _command(commands, "stop", "stop a job's processes", "erl stop tiny-grpo", cmd_stop)
     stop.add_argument("job")
+
+    resume = _command(
+        commands, "resume", "restart a stopped or failed job from its newest valid snapshot",
+        "erl resume tiny-grpo --snapshot 40", cmd_resume,
+    )  # fmt: skip
+    resume.add_argument("job")
+    resume.add_argument(
+        "--snapshot", type=int, metavar="STEP",
+        help="resume from this snapshot instead; what came after it is moved to <workdir>/rewound/",
+    )  # fmt: skip
 
     daemon = _command(
         commands, "daemon", "run erld, the node daemon (systemd runs it as a service)",

@@ -278,6 +278,8 @@ class FaultToleranceSpec(Component):
     """Window over which restarts are counted."""
     warm_spares: int = Field(0, ge=0)
     """Spare trainer processes kept with the model built, ready to replace a replica."""
+    stop_grace_s: PositiveFloat = 30.0
+    """How long `erl stop` waits for processes to exit (trainers finish the rollout in hand and snapshot)."""
     max_consecutive_nan_skips: PositiveInt = 3
     """Non-finite steps skipped in a row before rolling back to the newest snapshot."""
 

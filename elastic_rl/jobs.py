@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from checkpoints.discovery import newest_committed_snapshot
+from checkpoints.rewind import rewind
 from elastic_rl.config import JobSpec
 from elastic_rl.errors import ElasticRLError
 from elastic_rl.jobenv import committed_rollouts
@@ -67,14 +69,36 @@ async def describe(store: Store, job_id: str, events: int = 10) -> dict[str, Any
     spec = await store.get(keys.job_spec(job_id)) or {}
     procs = await store.get_prefix(keys.procs(job_id))
     found_events = await store.get_prefix(keys.events(job_id))
+    workdir = Path(status["workdir"])
+    snapshot = newest_committed_snapshot(workdir)
+    log = committed_rollouts(workdir)
     return {
         "job": job_id,
         "status": status,
+        "snapshot": None if snapshot is None else {"step": snapshot.step, "last_rollout": snapshot.last_rollout},
+        "rollout_log": [log[0], log[-1]] if log else None,
         "num_rollouts": spec.get("rollout", {}).get("num_rollouts"),
         "progress": await store.get(keys.job_progress(job_id)) or {},
         "procs": {key.rsplit("/", 1)[1]: value for key, value in sorted(procs.items())},
         "events": [found_events[key] for key in sorted(found_events)[-events:]],
     }
+
+
+async def resume(store: Store, job_id: str, snapshot_step: int | None = None) -> None:
+    """Put a stopped or failed job back in the queue; its processes resume from the newest snapshot."""
+    status = await store.get(keys.job_status(job_id))
+    if status is None:
+        raise ElasticRLError(f"no job {job_id!r}; `erl list` shows the jobs")
+    if status.get("phase") not in ("stopped", "failed"):
+        raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a stopped or failed job resumes")
+    if snapshot_step is not None:
+        last_rollout = rewind(Path(status["workdir"]), snapshot_step)
+        progress = await store.get(keys.job_progress(job_id)) or {}
+        await store.put(
+            keys.job_progress(job_id),
+            {**progress, "rollouts_done": last_rollout + 1, "weight_version": last_rollout + 1, "finished": False},
+        )
+    await store.put(keys.job_status(job_id), {**status, "phase": "pending", "reason": "", "resumed": time.time()})
 
 
 async def stop(store: Store, job_id: str) -> str:

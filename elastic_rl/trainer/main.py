@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -44,10 +45,25 @@ log = logging.getLogger("elastic_rl.trainer")
 POLL_INTERVAL_S = 0.05
 
 
-def wait_for_rollout(workdir: Path, rollout_id: int) -> None:
+class StopRequest:
+    """Set by SIGTERM (`erl stop`): finish the rollout in hand, snapshot, exit."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum, frame) -> None:
+        self.requested = True
+
+
+def wait_for_rollout(workdir: Path, rollout_id: int, stop: StopRequest) -> bool:
+    """Wait until rollout ``rollout_id`` is committed; False if a stop came first."""
     folder = jobenv.rollout_dir(workdir, rollout_id)
     while not folder.is_dir():
+        if stop.requested:
+            return False
         time.sleep(POLL_INTERVAL_S)
+    return True
 
 
 def main() -> None:
@@ -103,8 +119,13 @@ def main() -> None:
 
     snapshots = SnapshotWriter(workdir, spec.checkpoints.async_save, on_committed=retain)
     spec_hash = jobenv.spec_hash(spec)
+    stop = StopRequest()
     for rollout_id in range(first_rollout, spec.rollout.num_rollouts):
-        wait_for_rollout(workdir, rollout_id)
+        if not wait_for_rollout(workdir, rollout_id, stop) or stop.requested:
+            if replica == 0 and rollout_id > first_rollout:
+                # The final snapshot of `erl stop`: the state after the last rollout applied.
+                snapshots.save(state, scheduler.last_epoch, rollout_id - 1, spec_hash)
+            break
         batch, _ = read_rollout(workdir, rollout_id)
         metrics = trainer.train_rollout(batch)
         weights = full_state_dict(model)

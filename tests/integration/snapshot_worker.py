@@ -1,22 +1,27 @@
 """One rank of a snapshot round trip, started by test_snapshots.py.
 
-    python -m tests.integration.snapshot_worker MODE WORKDIR   (RANK, WORLD_SIZE, MASTER_* set)
+    python -m tests.integration.snapshot_worker MODE WORKDIR [RESULT]   (RANK, WORLD_SIZE, MASTER_* set)
 
 MODE ``save``: build the tiny model at TP = WORLD_SIZE, take 3 AdamW steps,
 snapshot (async), take 2 more steps, and write the full weights after each
 phase. MODE ``load``: build at TP = WORLD_SIZE, restore the newest snapshot,
 write the restored full weights, take the same 2 steps, write the weights.
+MODE ``full-disk``: on a work dir with room for one snapshot, save at steps 1
+and 2 (the second runs out of space), free the first, save at step 3; record
+which saves failed and whether training went on.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import torch
 
-from checkpoints.discovery import newest_valid_snapshot
+from checkpoints.discovery import newest_valid_snapshot, snapshot_path
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl.config import ModelSpec
 from elastic_rl.model.gpt import build_gpt, destroy_model_parallel, forward_gpt, init_model_parallel
@@ -46,6 +51,23 @@ def main() -> None:
     batch = torch.randint(4, 60, (4, 16), generator=torch.Generator().manual_seed(0))
     rank0 = torch.distributed.get_rank() == 0
     out = workdir / f"{mode}-tp{tp}"
+    if mode == "full-disk":
+        failed = []
+        writer = SnapshotWriter(workdir, async_save=True, on_failed=lambda step, error: failed.append((step, repr(error))))
+        for step_number in (1, 2, 3):
+            step(state, batch)
+            if step_number == 3 and rank0:
+                shutil.rmtree(snapshot_path(workdir, 1))  # what retention does: room again
+            torch.distributed.barrier()
+            writer.save(state, step=step_number, last_rollout=step_number, spec_hash="test")
+            writer.wait()
+        torch.distributed.barrier()
+        if rank0:
+            Path(sys.argv[3]).write_text(
+                json.dumps({"failed": failed, "newest": newest_valid_snapshot(workdir).step})
+            )
+        destroy_model_parallel()
+        return
     if mode == "save":
         writer = SnapshotWriter(workdir, async_save=os.environ.get("ASYNC", "1") == "1")
         for _ in range(3):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import time
@@ -20,30 +21,57 @@ from tests.processes import SPEC
 pytestmark = [pytest.mark.integration]
 
 ROLLOUTS = 16
-# Keep every snapshot and rollout so the test can read the whole log afterwards.
-JOB = ["--set", f"rollout.num_rollouts={ROLLOUTS}", "--set", "checkpoints.keep_last=1000"]
+# Keep every snapshot and rollout so the test can read the whole log afterwards; a dead
+# lighthouse costs the trainer one quorum timeout, kept short here.
+JOB = [
+    "--set", f"rollout.num_rollouts={ROLLOUTS}",
+    "--set", "checkpoints.keep_last=1000",
+    "--set", "fault_tolerance.quorum_timeout_s=10",
+]  # fmt: skip
+STOP_AND_RESUME = "erl stop + erl resume"
 
 
-def run_job(daemon, workdir: Path, kills: list[tuple[str, int]] = ()) -> list[str]:
-    """Run the job to the end, SIGKILLing process P once `rollouts_done` reaches N, for each (P, N)."""
+def wait_phase(daemon, phases: tuple[str, ...], deadline: float) -> dict:
+    while (info := status(daemon, "tiny-grpo"))["status"]["phase"] not in phases:
+        assert time.monotonic() < deadline, info
+        time.sleep(0.2)
+    return info
+
+
+def run_job(daemon, workdir: Path, faults: list[tuple[str, int]] = (), jitter: random.Random | None = None) -> list[str]:
+    """Run the job to the end, injecting fault F once `rollouts_done` reaches N, for each (F, N).
+
+    A fault is a job process's name (SIGKILLed), "erld" (SIGKILLed and started again)
+    or STOP_AND_RESUME. ``jitter`` delays each fault by a random part of a second, so
+    kills land anywhere in a rollout: mid-generation, mid-commit, mid-snapshot.
+    """
     erl("submit", str(SPEC), *JOB, "--workdir", str(workdir), "--etcd", daemon.endpoint, check=True)
-    killed = []
-    deadline = time.monotonic() + 400
-    pending = list(kills)
-    while True:
-        info = status(daemon, "tiny-grpo")
-        if info["status"]["phase"] != "running" and info["status"]["phase"] != "pending":
-            break
+    done = []
+    deadline = time.monotonic() + 500
+    pending = list(faults)
+    while (info := status(daemon, "tiny-grpo"))["status"]["phase"] in ("pending", "running"):
         if pending and info["progress"].get("rollouts_done", 0) >= pending[0][1]:
-            name, _ = pending.pop(0)
-            proc = info["procs"].get(name, {})
-            if proc.get("state") == "running" and proc.get("pid"):
+            fault, _ = pending.pop(0)
+            if jitter is not None:
+                time.sleep(jitter.uniform(0, 0.8))
+            if fault == "erld":
+                daemon.process.kill()
+                daemon.process.wait(timeout=10)
+                daemon.start()
+                daemon.wait_ready(daemon.notify)
+                done.append(fault)
+            elif fault == STOP_AND_RESUME:
+                erl("stop", "tiny-grpo", "--etcd", daemon.endpoint, check=True)
+                wait_phase(daemon, ("stopped",), deadline)
+                erl("resume", "tiny-grpo", "--etcd", daemon.endpoint, check=True)
+                done.append(fault)
+            elif (proc := info["procs"].get(fault, {})).get("state") == "running":
                 os.kill(proc["pid"], signal.SIGKILL)
-                killed.append(name)
+                done.append(fault)
         assert time.monotonic() < deadline, "the job did not finish"
         time.sleep(0.2)
     assert info["status"]["phase"] == "succeeded", info
-    return killed
+    return done
 
 
 def drawn_prompts(workdir: Path) -> list[tuple[int, int]]:
@@ -57,11 +85,13 @@ def drawn_prompts(workdir: Path) -> list[tuple[int, int]]:
 
 
 @pytest.mark.timeout(900)
-def test_killing_trainer_orchestrator_and_engine_changes_nothing(daemon, tmp_path):
+def test_killing_any_job_process_changes_nothing(daemon, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     run_job(daemon, clean)
-    killed = run_job(daemon, faulty, [("trainer-0-0", 4), ("orchestrator", 8), ("engine-0", 11), ("trainer-0-0", 13)])
-    assert len(killed) == 4, killed
+    schedule = [("trainer-0-0", 3), ("router", 5), ("orchestrator", 7), ("lighthouse", 9), ("engine-0", 11),
+                (STOP_AND_RESUME, 12), ("trainer-0-0", 14)]  # fmt: skip
+    killed = run_job(daemon, faulty, schedule)
+    assert len(killed) == len(schedule), killed
 
     # Weights equal the fault-free run's bitwise.
     expected = load_file(str(jobenv.weights_dir(clean, ROLLOUTS) / "model.safetensors"))
@@ -74,5 +104,36 @@ def test_killing_trainer_orchestrator_and_engine_changes_nothing(daemon, tmp_pat
     assert drawn_prompts(faulty) == drawn_prompts(clean)
     assert max(Counter(drawn_prompts(faulty)).values()) == 1
     assert jobenv.committed_rollouts(faulty) == list(range(ROLLOUTS))
+    stopped = [e for e in (faulty / "events.jsonl").read_text().splitlines() if "job_stopped" in e]
+    assert len(stopped) == 1
     commits = Counter(re.findall(r"rollout (\d+) committed", (faulty / "logs" / "orchestrator.log").read_text()))
     assert set(commits.values()) == {1}, commits
+
+
+CHAOS_TARGETS = ("trainer-0-0", "orchestrator", "router", "lighthouse", "engine-0", "engine-1", "erld")
+
+
+def chaos_schedule(seed: int, count: int = 6) -> list[tuple[str, int]]:
+    rng = random.Random(seed)
+    moments = sorted(rng.sample(range(1, ROLLOUTS - 1), count))
+    return [(rng.choice(CHAOS_TARGETS), moment) for moment in moments]
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("round_number", range(5))
+def test_random_kills_change_nothing(daemon, tmp_path, round_number):
+    """`make chaos`: five rounds of kills at random rollouts and moments, erld itself included."""
+    seed = int(os.environ.get("ERL_CHAOS_SEED", "0")) * 100 + round_number
+    schedule = chaos_schedule(seed)
+    clean, faulty = tmp_path / "clean", tmp_path / "faulty"
+    run_job(daemon, clean)
+    done = run_job(daemon, faulty, schedule, jitter=random.Random(seed))
+    assert done, schedule
+    expected = load_file(str(jobenv.weights_dir(clean, ROLLOUTS) / "model.safetensors"))
+    actual = load_file(str(jobenv.weights_dir(faulty, ROLLOUTS) / "model.safetensors"))
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), (name, schedule)
+    assert drawn_prompts(faulty) == drawn_prompts(clean)
+    commits = Counter(re.findall(r"rollout (\d+) committed", (faulty / "logs" / "orchestrator.log").read_text()))
+    assert set(commits.values()) == {1}, (commits, schedule)

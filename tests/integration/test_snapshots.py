@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -59,3 +61,30 @@ def test_corrupt_snapshot_is_skipped_for_the_previous_one(saved_at_tp2, tmp_path
     info = newest_valid_snapshot(workdir, on_invalid=lambda path, why: skipped.append((path.name, why)))
     assert info.step == 3
     assert skipped and skipped[0][0] == newer.name and "checksum" in skipped[0][1]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1.5 MB tmpfs: room for one snapshot of the test model (about 1 MB), not two."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mount_point)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_full_disk_fails_that_save_and_training_goes_on(small_disk, tmp_path):
+    workdir = small_disk / "w"
+    workdir.mkdir()
+    result_file = tmp_path / "result.json"
+    run_module_ranks("tests.integration.snapshot_worker", 2, "full-disk", workdir, result_file)
+    result = json.loads(result_file.read_text())
+    assert [step for step, _ in result["failed"]] == [2], result
+    assert "No space left on device" in result["failed"][0][1]
+    # The failed save left no snapshot that counts; the next one committed.
+    assert result["newest"] == 3
+    assert newest_valid_snapshot(workdir).step == 3
