@@ -1,24 +1,26 @@
 """Snapshots of a trainer replica's state, written with torch.distributed.checkpoint (DCP).
 
 A snapshot holds the model, the AdamW state, the LR scheduler's position, the
-RNG state, the optimizer step and the id of the last rollout applied. Each
-tensor-parallel rank contributes its own slices as DTensors over the TP mesh,
-described in the TP=1 layout (the gated MLP's ``linear_fc1`` is saved as
-separate ``gate`` and ``up`` halves), so DCP can load a snapshot taken at one
-TP size into a model built at another.
+RNG state, the optimizer step and the id of the last rollout applied, every
+value a tensor. Each tensor-parallel rank contributes its own slices as
+DTensors over the TP mesh, described in the TP=1 layout (the gated MLP's
+``linear_fc1`` is saved as separate ``gate`` and ``up`` halves), so DCP can
+load a snapshot taken at one TP size into a model built at another. Loading
+unpickles nothing beyond DCP's own metadata types (``checkpoints.safe_reader``).
 
 Saving is asynchronous by default: the training loop waits only while the
-tensors are staged (copied); a background thread writes them with DCP over a
-process group of its own, and rank 0 commits the snapshot by writing its
-manifest last (``checkpoints.manifest``). DCP's own ``async_save`` stager fails
-on CPU-only builds of torch 2.13 ("invalid python storage"), hence the thread. Nothing is
-pickled by us: every value, scalars and RNG state included, is a tensor.
+tensors are copied into a reused staging buffer; a background thread writes
+them with DCP over a process group of its own, and rank 0 commits the snapshot
+by writing its manifest last (``checkpoints.manifest``). DCP's own
+``async_save`` stager fails on CPU-only builds of torch 2.13 ("invalid python
+storage"), hence the thread.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from checkpoints.discovery import snapshot_path
 from checkpoints.manifest import verify, write_manifest
+from checkpoints.safe_reader import SafeFileSystemReader
 from elastic_rl.model.megatron_state import GATED_FC1_SUFFIX
 
 log = logging.getLogger("checkpoints.snapshot")
@@ -51,36 +54,47 @@ def tp_mesh() -> DeviceMesh:
     return DeviceMesh.from_group(parallel_state.get_tensor_model_parallel_group(), "cpu", mesh_dim_names=("tp",))
 
 
-def _views(name: str, param: torch.nn.Parameter, tensor: torch.Tensor, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
-    """``tensor`` (this rank's slice of ``param``, or its Adam state) as DCP entries in the TP=1 layout."""
+# How a local tensor lies in the TP=1 layout: replicated on every TP rank, or sharded along a dim.
+REPLICATED = -1
+
+
+def _slices(name: str, param: torch.nn.Parameter, tensor: torch.Tensor) -> dict[str, tuple[torch.Tensor, int]]:
+    """``tensor`` (this rank's slice of ``param``, or its Adam state) as named (slice, placement) pairs."""
     if not getattr(param, "tensor_model_parallel", False):
-        return {name: DTensor.from_local(tensor, mesh, [Replicate()], run_check=False)}
-    dim = param.partition_dim
+        return {name: (tensor, REPLICATED)}
     if name.endswith(GATED_FC1_SUFFIX):
         gate, up = tensor.chunk(2, dim=0)
-        return {
-            f"{name}.gate": DTensor.from_local(gate, mesh, [Shard(0)], run_check=False),
-            f"{name}.up": DTensor.from_local(up, mesh, [Shard(0)], run_check=False),
-        }
-    return {name: DTensor.from_local(tensor, mesh, [Shard(dim)], run_check=False)}
+        return {f"{name}.gate": (gate, 0), f"{name}.up": (up, 0)}
+    return {name: (tensor, param.partition_dim)}
 
 
-def _state_dict(state: TrainingState, step: int, last_rollout: int) -> dict[str, torch.Tensor]:
-    """Every value of a snapshot, as tensors that alias the live ones (so a load fills them in place)."""
-    mesh = tp_mesh()
-    entries: dict[str, torch.Tensor] = {
-        "meta.step": torch.tensor(step),
-        "meta.last_rollout": torch.tensor(last_rollout),
-        "meta.scheduler_epoch": torch.tensor(state.scheduler.last_epoch),
-        "meta.rng_cpu": torch.get_rng_state(),
+def _local_entries(state: TrainingState, step: int, last_rollout: int) -> dict[str, tuple[torch.Tensor, int | None]]:
+    """Every value of a snapshot as (tensor aliasing the live one, placement); None: a plain tensor."""
+    entries: dict[str, tuple[torch.Tensor, int | None]] = {
+        "meta.step": (torch.tensor(step), None),
+        "meta.last_rollout": (torch.tensor(last_rollout), None),
+        "meta.scheduler_epoch": (torch.tensor(state.scheduler.last_epoch), None),
+        "meta.rng_cpu": (torch.get_rng_state(), None),
     }
     for name, param in state.model.named_parameters():
-        entries.update({f"model.{k}": v for k, v in _views(name, param, param.data, mesh).items()})
+        entries.update({f"model.{k}": v for k, v in _slices(name, param, param.data).items()})
         adam = state.optimizer.state.get(param)
         if adam:
-            entries[f"optim.{name}.step"] = adam["step"]
+            entries[f"optim.{name}.step"] = (adam["step"], None)
             for key in ADAM_STATES:
-                entries.update({f"optim.{k}.{key}": v for k, v in _views(name, param, adam[key], mesh).items()})
+                entries.update({f"optim.{k}.{key}": v for k, v in _slices(name, param, adam[key]).items()})
+    return entries
+
+
+def _dcp_entries(local: dict[str, tuple[torch.Tensor, int | None]], mesh: DeviceMesh) -> dict[str, torch.Tensor]:
+    """The DCP state dict: sharded and replicated slices as DTensors over the TP mesh."""
+    entries = {}
+    for name, (tensor, placement) in local.items():
+        if placement is None:
+            entries[name] = tensor
+        else:
+            layout = [Replicate()] if placement == REPLICATED else [Shard(placement)]
+            entries[name] = DTensor.from_local(tensor, mesh, layout, run_check=False)
     return entries
 
 
@@ -94,11 +108,18 @@ class SnapshotWriter:
         self.on_failed = on_failed or (lambda step, error: log.error("snapshot %d failed: %r", step, error))
         # DCP's background writes coordinate on a group of their own, apart from training's collectives.
         self.group = torch.distributed.new_group(backend="gloo")
+        self.mesh = tp_mesh()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
         self.pending: Future | None = None
+        # Reused between saves: copying into memory already touched avoids a page fault per 4 KiB.
+        self.staging: dict[str, torch.Tensor] = {}
+        self.last_wait_s = 0.0
+        self.last_staging_s = 0.0
 
     def save(self, state: TrainingState, step: int, last_rollout: int, spec_hash: str) -> None:
+        started = time.monotonic()
         self.wait()
+        self.last_wait_s = time.monotonic() - started
         path = snapshot_path(self.workdir, step)
         if path.exists():
             if verify(path) is None:
@@ -106,16 +127,25 @@ class SnapshotWriter:
             if torch.distributed.get_rank() == 0:
                 shutil.rmtree(path)  # the remains of a save that was killed
             torch.distributed.barrier(group=self.group)
-        staged = {name: _staged(value) for name, value in _state_dict(state, step, last_rollout).items()}
+        # The only part training waits for: copies that training can no longer change.
+        started = time.monotonic()
+        staged = {name: (self._stage(name, tensor), placement) for name, (tensor, placement) in _local_entries(state, step, last_rollout).items()}
+        self.last_staging_s = time.monotonic() - started
         fields = {"step": step, "last_rollout": last_rollout, "spec_hash": spec_hash}
         if self.async_save:
             self.pending = self.executor.submit(self._write, staged, path, fields)
         else:
             self._write(staged, path, fields)
 
-    def _write(self, staged: dict[str, torch.Tensor], path: Path, fields: dict) -> None:
+    def _stage(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        buffer = self.staging.get(name)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = self.staging[name] = torch.empty_like(tensor)
+        return buffer.copy_(tensor)
+
+    def _write(self, staged: dict[str, tuple[torch.Tensor, int | None]], path: Path, fields: dict) -> None:
         try:
-            dcp.save(staged, checkpoint_id=str(path), process_group=self.group)
+            dcp.save(_dcp_entries(staged, self.mesh), checkpoint_id=str(path), process_group=self.group)
             self._commit(path, fields)
         except (Exception, dcp.CheckpointException) as exc:  # CheckpointException is a BaseException
             if torch.distributed.get_rank() == 0:
@@ -135,16 +165,6 @@ class SnapshotWriter:
             pending.result()  # _write reports its own failures and never raises
 
 
-def _staged(value: torch.Tensor) -> torch.Tensor:
-    """A copy that training can no longer change."""
-    if isinstance(value, DTensor):
-        return DTensor.from_local(
-            value.to_local().clone(), value.device_mesh, value.placements,
-            run_check=False, shape=value.shape, stride=value.stride(),
-        )  # fmt: skip
-    return value.clone()
-
-
 def load_snapshot(state: TrainingState, path: Path) -> tuple[int, int]:
     """Restore ``state`` from the snapshot at ``path`` (any TP size); return (step, last_rollout)."""
     for param in state.model.parameters():
@@ -153,8 +173,8 @@ def load_snapshot(state: TrainingState, path: Path) -> tuple[int, int]:
                 "step": torch.tensor(0.0),
                 **{key: torch.zeros_like(param.data) for key in ADAM_STATES},
             }
-    entries = _state_dict(state, step=0, last_rollout=0)
-    dcp.load(entries, checkpoint_id=str(path))
+    entries = _dcp_entries(_local_entries(state, step=0, last_rollout=0), tp_mesh())
+    dcp.load(entries, storage_reader=SafeFileSystemReader(str(path)))
     torch.set_rng_state(entries["meta.rng_cpu"])
     _sync_scheduler(state.scheduler, int(entries["meta.scheduler_epoch"]))
     return int(entries["meta.step"]), int(entries["meta.last_rollout"])

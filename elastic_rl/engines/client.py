@@ -1,9 +1,8 @@
 """Async HTTP clients for an engine (SGLang's API) and for the path through the router.
 
 Every call goes through ``_call``, which retries connection failures and 5xx
-answers with exponential backoff and jitter (tenacity) and re-raises the last
-error as ``EngineError`` with the URL in its message. Retries live only here,
-at the HTTP boundary.
+answers (``elastic_rl.retry``) and re-raises the last error as ``EngineError``
+with the URL in its message.
 """
 
 from __future__ import annotations
@@ -15,14 +14,8 @@ from typing import Any
 
 import aiohttp
 import orjson
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
-
 from elastic_rl.errors import EngineError
+from elastic_rl.retry import with_retries
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -45,14 +38,9 @@ class EngineClient:
         url = f"{self.base_url}{path}"
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(_Retryable),
-                stop=stop_after_attempt(self.attempts),
-                wait=wait_exponential_jitter(initial=0.1, max=2.0),
-                reraise=True,
-            ):
-                with attempt:
-                    return await self._once(method, url, body, timeout)
+            return await with_retries(
+                lambda: self._once(method, url, body, timeout), (_Retryable,), self.attempts, first_backoff_s=0.1
+            )
         except _Retryable as exc:
             raise EngineError(f"{method} {url} failed after {self.attempts} attempts: {exc}") from exc
 

@@ -2,8 +2,9 @@
 
 ``workdir/rollouts/<id>/`` holds ``batch.safetensors`` (the tensors below) and
 ``meta.json`` (rollout id, weight version, the data source's state after the
-draw, and the rollout's own metrics). The folder appears atomically, so a
-trainer never sees half a batch. Samples of a GRPO group are contiguous.
+draw, and the rollout's own metrics), and a manifest of their sizes and
+checksums. The folder appears atomically, so a trainer never sees half a
+batch. Samples of a GRPO group are contiguous.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import orjson
 import torch
 from safetensors.torch import load_file, save_file
 
+from checkpoints.manifest import write_manifest
 from elastic_rl.atomic import atomic_directory
 from elastic_rl.jobenv import META_FILE, rollout_dir
 
@@ -52,6 +54,7 @@ def write_rollout(workdir: Path, rollout_id: int, batch: RolloutBatch, meta: dic
     with atomic_directory(target) as temp:
         save_file({f.name: getattr(batch, f.name).contiguous() for f in fields(batch)}, str(temp / BATCH_FILE))
         (temp / META_FILE).write_bytes(orjson.dumps({"rollout_id": rollout_id, **meta}, option=orjson.OPT_SORT_KEYS))
+        write_manifest(temp, {"rollout_id": rollout_id})
     return target
 
 

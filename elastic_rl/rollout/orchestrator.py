@@ -59,7 +59,7 @@ class Orchestrator:
         self.reward = load_reward(self.spec.rollout.reward)
         self.data = DataSource(self.spec.data, self.spec.seed)
         self.engine_version: int | None = None
-        self.rollout_times: dict[int, float] = {}
+        self.commit_times: dict[int, float] = {}
 
     # --- weights --------------------------------------------------------------
 
@@ -160,6 +160,8 @@ class Orchestrator:
             await asyncio.sleep(POLL_INTERVAL_S)
         _, meta = read_rollout(self.workdir, rollout_id)
         line = {"rollout": rollout_id, **meta["metrics"], **orjson.loads(metrics_file.read_bytes())}
+        if rollout_id in self.commit_times:
+            line["rollout/commit_time"] = self.commit_times.pop(rollout_id)
         with open(self.workdir / "metrics.jsonl", "ab") as handle:
             handle.write(orjson.dumps(line) + b"\n")
         await self.progress.report(rollout_id, line)
@@ -177,9 +179,13 @@ class Orchestrator:
             prompts = self.data.draw(spec.prompts_per_rollout)
             batch, metrics = await self.generate(rollout_id, prompts)
             metrics["rollout/weight_version"] = float(self.engine_version)
+            commit_started = time.monotonic()
             write_rollout(
                 self.workdir, rollout_id, batch, {"data_state": self.data.state_dict(), "metrics": metrics}
             )
+            commit_time = time.monotonic() - commit_started
+            # Kept beside the rollout's metrics; known only once the commit is done.
+            self.commit_times[rollout_id] = commit_time
             log.info("rollout %d committed: reward %.3f", rollout_id, metrics["rollout/reward_mean"])
         for rollout_id in range(recorded, spec.num_rollouts):
             await self.record_trained(rollout_id)

@@ -1,8 +1,7 @@
 """The one module that talks to etcd (through aetcd), so the client can be swapped.
 
-Every call has a timeout and is retried with exponential backoff and jitter
-when etcd is unreachable; after the last attempt ``StoreUnavailable`` names
-the endpoint. Values are JSON (orjson, sorted keys).
+Every call has a timeout and is retried (``elastic_rl.retry``) when etcd is
+unreachable; after the last attempt ``StoreUnavailable`` names the endpoint. Values are JSON (orjson, sorted keys).
 """
 
 from __future__ import annotations
@@ -14,9 +13,8 @@ from urllib.parse import urlparse
 import aetcd
 import orjson
 from aetcd import exceptions as etcd_errors
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
-
 from elastic_rl.errors import ElasticRLError
+from elastic_rl.retry import with_retries
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:2379"
 _TRANSIENT = (
@@ -49,14 +47,12 @@ class Store:
 
     async def _call(self, operation, *args, **kwargs):
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(_TRANSIENT),
-                stop=stop_after_attempt(self.attempts),
-                wait=wait_exponential_jitter(initial=0.2, max=2.0),
-                reraise=True,
-            ):
-                with attempt:
-                    return await asyncio.wait_for(operation(*args, **kwargs), self.timeout_s)
+            return await with_retries(
+                lambda: asyncio.wait_for(operation(*args, **kwargs), self.timeout_s),
+                _TRANSIENT,
+                self.attempts,
+                first_backoff_s=0.2,
+            )
         except _TRANSIENT as exc:
             raise StoreUnavailable(f"etcd at {self.endpoint} is unreachable ({type(exc).__name__})") from exc
 

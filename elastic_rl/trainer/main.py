@@ -25,6 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import orjson
+import psutil
 import torch
 from torchft import Manager, ProcessGroupGloo
 
@@ -41,6 +42,9 @@ from elastic_rl.rollout.batch import read_rollout
 from elastic_rl.trainer.grpo import GrpoTrainer, lr_lambda
 
 log = logging.getLogger("elastic_rl.trainer")
+
+# Wall-clock time once the imports above are done: a resume's first cost.
+IMPORTS_DONE = time.time()
 
 POLL_INTERVAL_S = 0.05
 
@@ -111,7 +115,10 @@ def main() -> None:
     trainer = GrpoTrainer(spec, model, optimizer, scheduler, manager, reference)
     exporter = replica == 0 and rank == 0
     state = TrainingState(model, optimizer, scheduler)
+    setup_time = time.time() - IMPORTS_DONE  # model, optimizer, process groups, quorum
+    load_started = time.monotonic()
     first_rollout = resume(state, workdir)
+    load_time = time.monotonic() - load_started
 
     def retain(step: int, path: Path) -> None:
         log.info("snapshot %d committed: %s", step, path)
@@ -120,6 +127,9 @@ def main() -> None:
     snapshots = SnapshotWriter(workdir, spec.checkpoints.async_save, on_committed=retain)
     spec_hash = jobenv.spec_hash(spec)
     stop = StopRequest()
+    # The rollouts already committed when the trainer starts are a replay (a resume).
+    replay_end = max(jobenv.committed_rollouts(workdir), default=-1)
+    replay_started = time.monotonic()
     for rollout_id in range(first_rollout, spec.rollout.num_rollouts):
         if not wait_for_rollout(workdir, rollout_id, stop) or stop.requested:
             if replica == 0 and rollout_id > first_rollout:
@@ -129,16 +139,26 @@ def main() -> None:
         batch, _ = read_rollout(workdir, rollout_id)
         metrics = trainer.train_rollout(batch)
         weights = full_state_dict(model)
-        if exporter:
-            version = rollout_id + 1
-            write_file_atomic(jobenv.train_metrics_path(workdir, rollout_id), orjson.dumps(metrics))
-            # A replayed rollout reproduces the weights it exported before: keep those.
-            if not jobenv.weights_dir(workdir, version).exists():
-                export_hf(jobenv.weights_dir(workdir, version), weights, spec.model, vocab_size, tokenizer)
-            log.info("rollout %d trained: weights version %d %s", rollout_id, version, metrics)
+        version = rollout_id + 1
+        # A replayed rollout reproduces the weights it exported before: keep those.
+        if exporter and not jobenv.weights_dir(workdir, version).exists():
+            export_hf(jobenv.weights_dir(workdir, version), weights, spec.model, vocab_size, tokenizer)
         # Replica 0 snapshots for the job; the others hold the same state.
-        if replica == 0 and (rollout_id + 1) % spec.checkpoints.interval_rollouts == 0:
+        if replica == 0 and version % spec.checkpoints.interval_rollouts == 0:
+            stall_started = time.monotonic()
             snapshots.save(state, scheduler.last_epoch, rollout_id, spec_hash)
+            metrics["train/snapshot_stall_time"] = time.monotonic() - stall_started
+            metrics["train/snapshot_wait_previous_time"] = snapshots.last_wait_s
+            metrics["train/snapshot_staging_time"] = snapshots.last_staging_s
+        if exporter:
+            write_file_atomic(jobenv.train_metrics_path(workdir, rollout_id), orjson.dumps(metrics))
+            log.info("rollout %d trained: weights version %d %s", rollout_id, version, metrics)
+        if rollout_id == replay_end and first_rollout > 0:
+            log.info(
+                "resume timing: imports %.2fs, setup %.2fs, snapshot load %.2fs, replay %.2fs (%d rollouts)",
+                IMPORTS_DONE - psutil.Process().create_time(), setup_time, load_time,
+                time.monotonic() - replay_started, replay_end - first_rollout + 1,
+            )  # fmt: skip
     snapshots.wait()
     manager.shutdown(wait=False)
 

@@ -92,3 +92,18 @@ def test_rewind_to_a_bad_snapshot_names_the_valid_ones(tmp_path):
     make_snapshot(tmp_path, 2, 0)
     with pytest.raises(ElasticRLError, match="valid snapshots: 2"):
         rewind(tmp_path, 3)
+
+
+def test_metadata_with_a_foreign_global_is_refused(tmp_path):
+    import os
+    import pickle
+
+    from checkpoints.safe_reader import SafeFileSystemReader
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Exploit()))
+    with pytest.raises(pickle.UnpicklingError, match="never holds"):
+        SafeFileSystemReader(str(tmp_path)).read_metadata()

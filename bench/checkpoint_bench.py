@@ -1,0 +1,126 @@
+"""Benchmark: what checkpoint-first costs, measured in real jobs under erld.
+
+    .venv/bin/python bench/checkpoint_bench.py            # tiny and ~50M models
+    .venv/bin/python bench/checkpoint_bench.py --models tiny
+
+For each model it runs the tiny GRPO job with a snapshot after every rollout,
+SIGKILLs the trainer once mid-run, and reports, from the job's own metrics and
+logs (ratios within one run, since this machine is noisy):
+
+- snapshot stall: how long the training loop is blocked per snapshot (staging
+  the tensors; the write is asynchronous), as a fraction of one optimizer step;
+- rollout commit: the time to commit a rollout to the log, as a fraction of the
+  rollout's generation time;
+- resume: from the restarted trainer's process start to its first new step,
+  split into imports, setup (model, process groups, quorum), snapshot load and
+  replay of the committed rollouts after the snapshot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import mean
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+SPEC = REPO / "examples" / "tiny-grpo.yaml"
+MODELS = {
+    "tiny": [],
+    "50m": [
+        "--set", "model.hidden_size=512", "--set", "model.num_layers=12", "--set", "model.num_attention_heads=8",
+        "--set", "model.num_query_groups=4", "--set", "model.ffn_hidden_size=2048",
+        "--set", "rollout.prompts_per_rollout=8", "--set", "trainer.global_batch_size=128",
+        "--set", "trainer.micro_batch_size=32",
+    ],
+}  # fmt: skip
+
+
+def erl(*args: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_rl.cli", *args], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def job_status(endpoint: str) -> dict:
+    return orjson.loads(erl("status", "tiny-grpo", "-o", "json", "--etcd", endpoint))
+
+
+def run(model: str, rollouts: int, kill_at: int, root: Path, endpoint: str) -> dict[str, float]:
+    workdir = root / model
+    erl("submit", str(SPEC), *MODELS[model], "--set", f"rollout.num_rollouts={rollouts}",
+        "--set", "checkpoints.interval_rollouts=1", "--workdir", str(workdir), "--etcd", endpoint)  # fmt: skip
+    killed = False
+    while (info := job_status(endpoint))["status"]["phase"] in ("pending", "running"):
+        if not killed and info["progress"].get("rollouts_done", 0) >= kill_at:
+            os.kill(info["procs"]["trainer-0-0"]["pid"], signal.SIGKILL)
+            killed = True
+        time.sleep(0.5)
+    assert info["status"]["phase"] == "succeeded", info
+    lines = [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+    def average(key: str) -> float:
+        return mean(line[key] for line in lines if key in line)
+
+    resume = re.search(
+        r"resume timing: imports ([\d.]+)s, setup ([\d.]+)s, snapshot load ([\d.]+)s, replay ([\d.]+)s",
+        (workdir / "logs" / "trainer-0-0.log").read_text(),
+    )
+    imports, setup, load, replay = (float(value) for value in resume.groups())
+    return {
+        "step_time_s": average("train/step_time"),
+        "snapshot_stall_s": average("train/snapshot_stall_time"),
+        "snapshot_stall_fraction": average("train/snapshot_stall_time") / average("train/step_time"),
+        "snapshot_wait_previous_s": average("train/snapshot_wait_previous_time"),
+        "snapshot_staging_s": average("train/snapshot_staging_time"),
+        "rollout_time_s": average("rollout/time"),
+        "commit_time_s": average("rollout/commit_time"),
+        "commit_fraction": average("rollout/commit_time") / average("rollout/time"),
+        "resume_imports_s": imports,
+        "resume_setup_s": setup,
+        "resume_snapshot_load_s": load,
+        "resume_replay_s": replay,
+        "resume_total_s": imports + setup + load + replay,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--rollouts", type=int, default=8)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="erl-bench-"))
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(root / "erld"),
+         "--etcd-port", str(port), "--cpu-devices", "4"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(5)
+        for model in args.models:
+            result = run(model, args.rollouts, kill_at=args.rollouts // 2, root=root, endpoint=endpoint)
+            print(orjson.dumps({"model": model, **{k: round(v, 4) for k, v in result.items()}}).decode(), flush=True)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=120)
+
+
+if __name__ == "__main__":
+    main()

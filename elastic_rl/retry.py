@@ -1,0 +1,33 @@
+"""The retry policy of every I/O boundary (etcd, HTTP): exponential backoff with jitter, bounded.
+
+Never used around collectives. The last failure is re-raised as it was, so
+the caller can turn it into an error a user can act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+T = TypeVar("T")
+
+MAX_BACKOFF_S = 2.0
+
+
+async def with_retries(
+    call: Callable[[], Awaitable[T]],
+    retry_on: tuple[type[BaseException], ...],
+    attempts: int,
+    first_backoff_s: float,
+) -> T:
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(retry_on),
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential_jitter(initial=first_backoff_s, max=MAX_BACKOFF_S),
+        reraise=True,
+    ):
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable: tenacity re-raises the last failure")
