@@ -7,8 +7,9 @@ For each model it runs the tiny GRPO job with a snapshot after every rollout,
 SIGKILLs the trainer once mid-run, and reports, from the job's own metrics and
 logs (ratios within one run, since this machine is noisy):
 
-- snapshot stall: how long the training loop is blocked per snapshot (staging
-  the tensors; the write is asynchronous), as a fraction of one optimizer step;
+- snapshot stall: how long the training loop is blocked per snapshot (the save
+  call, plus the wait before the next optimizer step if the background copy is
+  not done by then), as a fraction of one optimizer step;
 - rollout commit: the time to commit a rollout to the log, as a fraction of the
   rollout's generation time;
 - resume: from the restarted trainer's process start to its first new step,
@@ -28,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 
 import orjson
 
@@ -77,17 +78,26 @@ def run(model: str, rollouts: int, kill_at: int, root: Path, endpoint: str) -> d
     def average(key: str) -> float:
         return mean(line[key] for line in lines if key in line)
 
+    def middle(key: str) -> float:
+        return median(line[key] for line in lines if key in line)
+
     resume = re.search(
         r"resume timing: imports ([\d.]+)s, setup ([\d.]+)s, snapshot load ([\d.]+)s, replay ([\d.]+)s",
         (workdir / "logs" / "trainer-0-0.log").read_text(),
     )
     imports, setup, load, replay = (float(value) for value in resume.groups())
+    # Blocked per snapshot: the save call, then the wait before the next optimizer step.
+    stall = average("train/snapshot_call_time") + average("train/snapshot_gate_time")
     return {
         "step_time_s": average("train/step_time"),
-        "snapshot_stall_s": average("train/snapshot_stall_time"),
-        "snapshot_stall_fraction": average("train/snapshot_stall_time") / average("train/step_time"),
-        "snapshot_wait_previous_s": average("train/snapshot_wait_previous_time"),
-        "snapshot_staging_s": average("train/snapshot_staging_time"),
+        "snapshot_stall_s": stall,
+        "snapshot_stall_fraction": stall / average("train/step_time"),
+        # The mean includes the replay right after the resume, when rollouts arrive back to back.
+        "snapshot_stall_median_s": middle("train/snapshot_call_time") + middle("train/snapshot_gate_time"),
+        "snapshot_stall_median_fraction": (middle("train/snapshot_call_time") + middle("train/snapshot_gate_time"))
+        / middle("train/step_time"),
+        "snapshot_call_s": average("train/snapshot_call_time"),
+        "snapshot_gate_s": average("train/snapshot_gate_time"),
         "rollout_time_s": average("rollout/time"),
         "commit_time_s": average("rollout/commit_time"),
         "commit_fraction": average("rollout/commit_time") / average("rollout/time"),

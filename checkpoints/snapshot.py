@@ -8,10 +8,13 @@ DTensors over the TP mesh, described in the TP=1 layout (the gated MLP's
 load a snapshot taken at one TP size into a model built at another. Loading
 unpickles nothing beyond DCP's own metadata types (``checkpoints.safe_reader``).
 
-Saving is asynchronous by default: the training loop waits only while the
-tensors are copied into a reused staging buffer; a background thread writes
-them with DCP over a process group of its own, and rank 0 commits the snapshot
-by writing its manifest last (``checkpoints.manifest``). DCP's own
+Saving is asynchronous by default: a background thread copies the tensors
+into a reused staging buffer, then writes them with DCP over a process group
+of its own, and rank 0 commits the snapshot by writing its manifest last
+(``checkpoints.manifest``). Only the optimizer step changes what is copied, so
+the training loop goes on (waiting for the next rollout, forward, backward)
+and blocks, at ``wait_staged()`` before its next optimizer step, only if the
+copy is not done by then. DCP's own
 ``async_save`` stager fails on CPU-only builds of torch 2.13 ("invalid python
 storage"), hence the thread.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -113,10 +117,18 @@ class SnapshotWriter:
         self.pending: Future | None = None
         # Reused between saves: copying into memory already touched avoids a page fault per 4 KiB.
         self.staging: dict[str, torch.Tensor] = {}
+        self.staged = threading.Event()
+        self.staged.set()
         self.last_wait_s = 0.0
         self.last_staging_s = 0.0
 
     def save(self, state: TrainingState, step: int, last_rollout: int, spec_hash: str) -> None:
+        """Start a snapshot of ``state`` after rollout ``last_rollout``.
+
+        With ``async_save`` this returns at once: the copy and the write run in the
+        background, and the caller must call ``wait_staged()`` before it next changes
+        the state (the optimizer step), so the copy sees the state of this moment.
+        """
         started = time.monotonic()
         self.wait()
         self.last_wait_s = time.monotonic() - started
@@ -127,15 +139,19 @@ class SnapshotWriter:
             if torch.distributed.get_rank() == 0:
                 shutil.rmtree(path)  # the remains of a save that was killed
             torch.distributed.barrier(group=self.group)
-        # The only part training waits for: copies that training can no longer change.
-        started = time.monotonic()
-        staged = {name: (self._stage(name, tensor), placement) for name, (tensor, placement) in _local_entries(state, step, last_rollout).items()}
-        self.last_staging_s = time.monotonic() - started
+        live = _local_entries(state, step, last_rollout)
         fields = {"step": step, "last_rollout": last_rollout, "spec_hash": spec_hash}
+        self.staged = threading.Event()
         if self.async_save:
-            self.pending = self.executor.submit(self._write, staged, path, fields)
+            self.pending = self.executor.submit(self._stage_and_write, live, path, fields)
         else:
-            self._write(staged, path, fields)
+            self._stage_and_write(live, path, fields)
+
+    def wait_staged(self) -> float:
+        """Block until the snapshot in flight has copied the state; return the seconds blocked."""
+        started = time.monotonic()
+        self.staged.wait()
+        return time.monotonic() - started
 
     def _stage(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         buffer = self.staging.get(name)
@@ -143,8 +159,14 @@ class SnapshotWriter:
             buffer = self.staging[name] = torch.empty_like(tensor)
         return buffer.copy_(tensor)
 
-    def _write(self, staged: dict[str, tuple[torch.Tensor, int | None]], path: Path, fields: dict) -> None:
+    def _stage_and_write(self, live: dict[str, tuple[torch.Tensor, int | None]], path: Path, fields: dict) -> None:
         try:
+            started = time.monotonic()
+            try:
+                staged = {name: (self._stage(name, tensor), placement) for name, (tensor, placement) in live.items()}
+            finally:
+                self.staged.set()
+            self.last_staging_s = time.monotonic() - started
             dcp.save(_dcp_entries(staged, self.mesh), checkpoint_id=str(path), process_group=self.group)
             self._commit(path, fields)
         except (Exception, dcp.CheckpointException) as exc:  # CheckpointException is a BaseException

@@ -85,8 +85,11 @@ class StepMetrics:
 
 
 class GrpoTrainer:
-    def __init__(self, spec: JobSpec, model, optimizer, scheduler, manager, reference=None):
+    def __init__(self, spec: JobSpec, model, optimizer, scheduler, manager, reference=None, before_optimizer_step=None):
         self.spec = spec
+        # Called before each optimizer step, which changes the state a snapshot may still be copying;
+        # returns the seconds it blocked.
+        self.before_optimizer_step = before_optimizer_step or (lambda: 0.0)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -117,6 +120,7 @@ class GrpoTrainer:
         logprob_gap = ((old_logp - batch.engine_logprobs).abs() * mask).max().item()
 
         metrics = StepMetrics()
+        gate_time = 0.0
         global_batch = spec.trainer.global_batch_size
         for step in range(batch.size // global_batch):
             step_started = time.monotonic()
@@ -148,6 +152,7 @@ class GrpoTrainer:
                 self.manager.allreduce(param.grad, reduce_op=torch.distributed.ReduceOp.SUM).wait()
             norm = grad_norm(self.parameters)
             committed = self.manager.should_commit()
+            gate_time += self.before_optimizer_step()
             if committed:
                 torch.nn.utils.clip_grads_with_norm_(self.parameters, spec.trainer.clip_grad, norm)
                 self.optimizer.step()
@@ -158,6 +163,7 @@ class GrpoTrainer:
                         step_time=time.monotonic() - step_started)  # fmt: skip
         result = {f"train/{name}": value for name, value in metrics.means().items()}
         result["train/logprob_abs_diff_max"] = logprob_gap
+        result["train/snapshot_gate_time"] = gate_time
         result["train/lr"] = self.scheduler.get_last_lr()[0]
         result["train/rollout_train_time"] = time.monotonic() - started
         return result

@@ -112,7 +112,6 @@ def main() -> None:
         timeout=timedelta(seconds=ft.quorum_timeout_s),
         quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
     )
-    trainer = GrpoTrainer(spec, model, optimizer, scheduler, manager, reference)
     exporter = replica == 0 and rank == 0
     state = TrainingState(model, optimizer, scheduler)
     setup_time = time.time() - IMPORTS_DONE  # model, optimizer, process groups, quorum
@@ -125,6 +124,7 @@ def main() -> None:
         apply_retention(workdir, spec.checkpoints.keep_last, spec.checkpoints.keep_every)
 
     snapshots = SnapshotWriter(workdir, spec.checkpoints.async_save, on_committed=retain)
+    trainer = GrpoTrainer(spec, model, optimizer, scheduler, manager, reference, snapshots.wait_staged)
     spec_hash = jobenv.spec_hash(spec)
     stop = StopRequest()
     # The rollouts already committed when the trainer starts are a replay (a resume).
@@ -147,9 +147,8 @@ def main() -> None:
         if replica == 0 and version % spec.checkpoints.interval_rollouts == 0:
             stall_started = time.monotonic()
             snapshots.save(state, scheduler.last_epoch, rollout_id, spec_hash)
-            metrics["train/snapshot_stall_time"] = time.monotonic() - stall_started
+            metrics["train/snapshot_call_time"] = time.monotonic() - stall_started
             metrics["train/snapshot_wait_previous_time"] = snapshots.last_wait_s
-            metrics["train/snapshot_staging_time"] = snapshots.last_staging_s
         if exporter:
             write_file_atomic(jobenv.train_metrics_path(workdir, rollout_id), orjson.dumps(metrics))
             log.info("rollout %d trained: weights version %d %s", rollout_id, version, metrics)

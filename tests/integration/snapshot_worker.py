@@ -74,6 +74,7 @@ def main() -> None:
             step(state, batch)
         writer.save(state, step=3, last_rollout=7, spec_hash="test")
         snapshot_weights = full_state_dict(model)
+        writer.wait_staged()  # before the optimizer changes what the snapshot copies
         for _ in range(2):
             step(state, batch)
         writer.wait()
