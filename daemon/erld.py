@@ -105,14 +105,16 @@ class Erld:
                 continue
             spec = JobSpec.model_validate(await self.store.get(keys.job_spec(job_id)))
             needed = devices_needed(spec)
-            placement = place_job(needed, await self.free_devices(statuses))
+            free = await self.free_devices(statuses)
+            placement = place_job(needed, free)
             if placement.node is None:
                 if status.get("reason") != placement.reason:
-                    await self.store.put(keys.job_status(job_id), {**status, "reason": placement.reason})
+                    await self.store.modify(keys.job_status(job_id), lambda s: {**s, "reason": placement.reason})
                 continue
-            free = (await self.free_devices(statuses))[placement.node][:needed]
-            statuses[job_id] = {**status, "phase": "running", "node": placement.node, "devices": free, "reason": ""}
-            await self.store.put(keys.job_status(job_id), statuses[job_id])
+            placed = {"phase": "running", "node": placement.node, "devices": free[placement.node][:needed], "reason": ""}
+            statuses[job_id] = await self.store.modify(
+                keys.job_status(job_id), lambda s: {**s, **placed} if s.get("phase") == "pending" else s
+            )
 
     # --- the node agent -------------------------------------------------------------------
 
@@ -121,8 +123,8 @@ class Erld:
         return {keys.job_id_of(key): value for key, value in found.items() if key.endswith("/status")}
 
     async def set_phase(self, job_id: str, phase: str, reason: str = "") -> None:
-        status = await self.store.get(keys.job_status(job_id)) or {}
-        await self.store.put(keys.job_status(job_id), {**status, "phase": phase, "reason": reason, "ended": time.time()})
+        ended = {"phase": phase, "reason": reason, "ended": time.time()}
+        await self.store.modify(keys.job_status(job_id), lambda status: {**(status or {}), **ended})
 
     async def reconcile(self, statuses: dict[str, dict[str, Any]]) -> None:
         for job_id, status in statuses.items():

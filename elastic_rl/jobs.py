@@ -98,7 +98,8 @@ async def resume(store: Store, job_id: str, snapshot_step: int | None = None) ->
             keys.job_progress(job_id),
             {**progress, "rollouts_done": last_rollout + 1, "weight_version": last_rollout + 1, "finished": False},
         )
-    await store.put(keys.job_status(job_id), {**status, "phase": "pending", "reason": "", "resumed": time.time()})
+    queued = {"phase": "pending", "reason": "", "resumed": time.time()}
+    await store.modify(keys.job_status(job_id), lambda current: {**current, **queued})
 
 
 async def stop(store: Store, job_id: str) -> str:
@@ -109,5 +110,5 @@ async def stop(store: Store, job_id: str) -> str:
     if phase in TERMINAL_PHASES:
         return phase
     new_phase = "stopped" if phase == "pending" else "stopping"
-    await store.put(keys.job_status(job_id), {**status, "phase": new_phase, "reason": "stopped by request"})
+    await store.modify(keys.job_status(job_id), lambda current: {**current, "phase": new_phase, "reason": "stopped by request"})
     return new_phase

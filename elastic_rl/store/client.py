@@ -7,6 +7,8 @@ unreachable; after the last attempt ``StoreUnavailable`` names the endpoint. Val
 from __future__ import annotations
 
 import asyncio
+import random
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
@@ -104,6 +106,20 @@ class Store:
             failure=[],
         )
         return succeeded
+
+    async def modify(self, key: str, change: Callable[[Any], Any], attempts: int = 20) -> Any:
+        """Read-modify-write ``key`` conditional on its mod revision; returns the value written.
+
+        A conflict (someone wrote ``key`` in between) retries after a jittered, growing pause.
+        """
+        for attempt in range(attempts):
+            value, revision = await self.get_with_revision(key)
+            updated = change(value)
+            written = await self.update_if(key, updated, revision) if revision else await self.create(key, updated)
+            if written:
+                return updated
+            await asyncio.sleep(random.uniform(0, 0.01 * (attempt + 1)))
+        raise StoreUnavailable(f"{key} kept changing under {attempts} attempts to update it")
 
     async def delete(self, key: str) -> None:
         await self._call(self._client.delete, key.encode())
