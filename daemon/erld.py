@@ -24,8 +24,8 @@ from typing import Any
 
 import orjson
 
-from daemon.events import EventLog
-from daemon.job import JobFailed, JobRunner, devices_needed
+from elastic_rl.events import EventLog
+from daemon.job import JobRunner, devices_needed
 from daemon.notify import SystemdNotifier, child_environment
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec

@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from daemon.events import EventLog
+from elastic_rl.events import EventLog
 from daemon.notify import child_environment
 from elastic_rl import jobenv
 from elastic_rl.config import JobSpec

@@ -34,6 +34,7 @@ from checkpoints.retention import apply_retention
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
+from elastic_rl.events import emit_event
 from elastic_rl.model.convert import export_hf
 from elastic_rl.model.gpt import build_gpt, init_model_parallel
 from elastic_rl.model.megatron_state import full_state_dict
@@ -116,14 +117,19 @@ def main() -> None:
     state = TrainingState(model, optimizer, scheduler)
     setup_time = time.time() - IMPORTS_DONE  # model, optimizer, process groups, quorum
     load_started = time.monotonic()
-    first_rollout = resume(state, workdir)
+    proc = f"trainer-{replica}-{rank}"
+    first_rollout = resume(state, workdir, proc)
     load_time = time.monotonic() - load_started
 
     def retain(step: int, path: Path) -> None:
         log.info("snapshot %d committed: %s", step, path)
         apply_retention(workdir, spec.checkpoints.keep_last, spec.checkpoints.keep_every)
 
-    snapshots = SnapshotWriter(workdir, spec.checkpoints.async_save, on_committed=retain)
+    def save_failed(step: int, error: BaseException) -> None:
+        log.error("snapshot %d failed: %r", step, error)
+        emit_event("snapshot_failed", f"snapshot {step} not saved ({error}); the next one tries again", proc, step=step)
+
+    snapshots = SnapshotWriter(workdir, spec.checkpoints.async_save, on_committed=retain, on_failed=save_failed)
     trainer = GrpoTrainer(spec, model, optimizer, scheduler, manager, reference, snapshots.wait_staged)
     spec_hash = jobenv.spec_hash(spec)
     stop = StopRequest()
@@ -162,15 +168,19 @@ def main() -> None:
     manager.shutdown(wait=False)
 
 
-def resume(state: TrainingState, workdir: Path) -> int:
+def resume(state: TrainingState, workdir: Path, proc: str) -> int:
     """Restore the newest valid snapshot, if any; return the first rollout to train."""
-    info = newest_valid_snapshot(
-        workdir, on_invalid=lambda path, why: log.warning("skipping snapshot %s: %s", path, why)
-    )
+
+    def skipped(path: Path, why: str) -> None:
+        log.warning("skipping snapshot %s: %s", path, why)
+        emit_event("snapshot_skipped", f"{path.name}: {why}; resuming from an older one", proc)
+
+    info = newest_valid_snapshot(workdir, on_invalid=skipped)
     if info is None:
         return 0
     step, last_rollout = load_snapshot(state, info.path)
     log.info("resumed from snapshot %s: step %d, last rollout %d", info.path, step, last_rollout)
+    emit_event("trainer_resumed", f"from snapshot {step}, replaying after rollout {last_rollout}", proc, step=step)
     return last_rollout + 1
 
 

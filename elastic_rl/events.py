@@ -1,22 +1,28 @@
 """Events: every failure, decision and recovery, in etcd and in ``workdir/events.jsonl``.
 
 An event has a time, a kind, a message and, where they apply, the process,
-device and step involved. `erl status` shows the recent ones.
+device and step involved. `erl status` shows the recent ones. erld emits
+through an ``EventLog``; a job's own processes (the trainer, say) through
+``emit_event``, which finds the job from the environment erld gave them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from elastic_rl import jobenv
 from elastic_rl.store import keys
-from elastic_rl.store.client import Store
+from elastic_rl.store.client import Store, StoreUnavailable
 
-log = logging.getLogger("erld.events")
+log = logging.getLogger("elastic_rl.events")
 
 
 class EventLog:
@@ -37,6 +43,17 @@ class EventLog:
         await self.store.put(keys.event(self.job_id, time.time_ns()), event)
 
 
-async def recent_events(store: Store, job_id: str, limit: int = 10) -> list[dict[str, Any]]:
-    found = await store.get_prefix(keys.events(job_id))
-    return [found[key] for key in sorted(found)[-limit:]]
+def emit_event(kind: str, message: str, proc: str, **fields: Any) -> None:
+    """Emit an event from a job process (blocking; for rare events such as a skipped snapshot)."""
+
+    async def emit() -> None:
+        async with Store(os.environ[jobenv.ETCD]) as store:
+            await EventLog(store, os.environ[jobenv.JOB], Path(os.environ[jobenv.WORKDIR]), node).emit(
+                kind, message, proc=proc, **fields
+            )
+
+    node = socket.gethostname()
+    try:
+        asyncio.run(emit())
+    except StoreUnavailable as exc:
+        log.error("event %s not recorded in etcd (%s): %s", kind, exc, message)
