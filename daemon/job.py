@@ -171,14 +171,33 @@ class JobRunner:
 
     # --- processes --------------------------------------------------------------
 
+    def _kill_strays(self, name: str) -> None:
+        """Kill processes of this job named ``name`` that no record knows.
+
+        An erld killed between starting a process and saving its state leaves such
+        an orphan behind; it would hold the port its replacement needs.
+        """
+        for process in psutil.process_iter(["pid"]):
+            try:
+                environ = process.environ()
+            except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+                continue
+            if environ.get(jobenv.JOB) == self.job_id and environ.get(jobenv.PROC) == name:
+                log.warning("job %s: killing stray %s (pid %d)", self.job_id, name, process.pid)
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     def _spawn(self, record: ProcRecord) -> None:
         plan = record.plan
+        self._kill_strays(plan.name)
         log_path = self.workdir / "logs" / f"{plan.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(
                 self._command(plan),
-                env=plan.env,
+                env={**plan.env, jobenv.PROC: plan.name},
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -19,6 +19,7 @@ from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 
 JOB = "ERL_JOB"
+PROC = "ERL_PROC"
 WORKDIR = "ERL_WORKDIR"
 ETCD = "ERL_ETCD"
 ROUTER_URL = "ERL_ROUTER_URL"

@@ -25,6 +25,7 @@ import orjson
 import torch
 
 from elastic_rl import jobenv
+from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
@@ -152,6 +153,18 @@ class Orchestrator:
         self.data.load_state_dict(meta["data_state"])
         return done[-1] + 1
 
+    def recorded_point(self) -> int:
+        """The first rollout without a line in metrics.jsonl; a partial last line (a crash mid-append) is dropped."""
+        path = self.workdir / "metrics.jsonl"
+        if not path.exists():
+            return 0
+        raw = path.read_bytes()
+        whole = raw[: raw.rfind(b"\n") + 1]
+        if whole != raw:
+            write_file_atomic(path, whole)
+        lines = whole.splitlines()
+        return orjson.loads(lines[-1])["rollout"] + 1 if lines else 0
+
     async def record_trained(self, rollout_id: int) -> None:
         """Once the trainer has applied ``rollout_id``, log its metrics line and progress."""
         metrics_file = jobenv.train_metrics_path(self.workdir, rollout_id)
@@ -169,7 +182,7 @@ class Orchestrator:
     async def run(self) -> None:
         spec = self.spec.rollout
         start = self.resume_point()
-        recorded = start
+        recorded = self.recorded_point()
         for rollout_id in range(start, spec.num_rollouts):
             await self.serve_version(generating_version(rollout_id, spec.mode))
             # In async mode this records rollout N - 1, trained while N was generated.

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from elastic_rl import jobenv
-from tests.integration.erld_support import erl, status
+from tests.integration.erld_support import erl, metrics, status
 from tests.processes import SPEC
 
 pytestmark = [pytest.mark.integration]
@@ -105,6 +105,7 @@ def test_killing_any_job_process_changes_nothing(daemon, tmp_path):
     assert drawn_prompts(faulty) == drawn_prompts(clean)
     assert max(Counter(drawn_prompts(faulty)).values()) == 1
     assert jobenv.committed_rollouts(faulty) == list(range(ROLLOUTS))
+    assert [line["rollout"] for line in metrics(faulty)] == list(range(ROLLOUTS))
     events = [orjson.loads(line) for line in (faulty / "events.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in events].count("job_stopped") == 1
     assert any(e["kind"] == "trainer_resumed" and e["proc"] == "trainer-0-0" for e in events)
@@ -139,3 +140,4 @@ def test_random_kills_change_nothing(daemon, tmp_path, round_number):
     assert drawn_prompts(faulty) == drawn_prompts(clean)
     commits = Counter(re.findall(r"rollout (\d+) committed", (faulty / "logs" / "orchestrator.log").read_text()))
     assert set(commits.values()) == {1}, (commits, schedule)
+    assert [line["rollout"] for line in metrics(faulty)] == list(range(ROLLOUTS)), schedule
