@@ -3,9 +3,8 @@
     .venv/bin/python bench/checkpoint_bench.py            # tiny and ~50M models
     .venv/bin/python bench/checkpoint_bench.py --models tiny
 
-For each model it runs the tiny GRPO job twice with a snapshot after every
-rollout: once fault-free, for the steady-state costs, and once with the trainer
-SIGKILLed mid-run, for the resume. It reports, from the jobs' own metrics and
+For each model it runs the tiny GRPO job with a snapshot after every rollout,
+SIGKILLs the trainer once mid-run, and reports, from the job's own metrics and
 logs (ratios within one run, since this machine is noisy):
 
 - snapshot stall: how long the training loop is blocked per snapshot (the save
@@ -63,48 +62,45 @@ def job_status(endpoint: str) -> dict:
     return orjson.loads(erl("status", "tiny-grpo", "-o", "json", "--etcd", endpoint))
 
 
-def run_job(model: str, rollouts: int, kill_at: int | None, workdir: Path, endpoint: str) -> list[dict]:
-    """Run the job to the end (SIGKILLing the trainer once `kill_at` rollouts are done); return its metrics."""
+def run(model: str, rollouts: int, kill_at: int, root: Path, endpoint: str) -> dict[str, float]:
+    workdir = root / model
     erl("submit", str(SPEC), *MODELS[model], "--set", f"rollout.num_rollouts={rollouts}",
         "--set", "checkpoints.interval_rollouts=1", "--workdir", str(workdir), "--etcd", endpoint)  # fmt: skip
+    killed = False
     while (info := job_status(endpoint))["status"]["phase"] in ("pending", "running"):
-        if kill_at is not None and info["progress"].get("rollouts_done", 0) >= kill_at:
+        if not killed and info["progress"].get("rollouts_done", 0) >= kill_at:
             os.kill(info["procs"]["trainer-0-0"]["pid"], signal.SIGKILL)
-            kill_at = None
+            killed = True
         time.sleep(0.5)
     assert info["status"]["phase"] == "succeeded", info
-    return [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    lines = [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
-
-def steady_state(lines: list[dict]) -> dict[str, float]:
     def average(key: str) -> float:
         return mean(line[key] for line in lines if key in line)
 
     def middle(key: str) -> float:
         return median(line[key] for line in lines if key in line)
 
+    resume = re.search(
+        r"resume timing: imports ([\d.]+)s, setup ([\d.]+)s, snapshot load ([\d.]+)s, replay ([\d.]+)s",
+        (workdir / "logs" / "trainer-0-0.log").read_text(),
+    )
+    imports, setup, load, replay = (float(value) for value in resume.groups())
     # Blocked per snapshot: the save call, then the wait before the next optimizer step.
     stall = average("train/snapshot_call_time") + average("train/snapshot_gate_time")
-    stall_median = middle("train/snapshot_call_time") + middle("train/snapshot_gate_time")
     return {
         "step_time_s": average("train/step_time"),
         "snapshot_stall_s": stall,
         "snapshot_stall_fraction": stall / average("train/step_time"),
-        "snapshot_stall_median_s": stall_median,
-        "snapshot_stall_median_fraction": stall_median / middle("train/step_time"),
+        # The mean includes the replay right after the resume, when rollouts arrive back to back.
+        "snapshot_stall_median_s": middle("train/snapshot_call_time") + middle("train/snapshot_gate_time"),
+        "snapshot_stall_median_fraction": (middle("train/snapshot_call_time") + middle("train/snapshot_gate_time"))
+        / middle("train/step_time"),
+        "snapshot_call_s": average("train/snapshot_call_time"),
+        "snapshot_gate_s": average("train/snapshot_gate_time"),
         "rollout_time_s": average("rollout/time"),
         "commit_time_s": average("rollout/commit_time"),
         "commit_fraction": average("rollout/commit_time") / average("rollout/time"),
-    }
-
-
-def resume_split(workdir: Path) -> dict[str, float]:
-    found = re.search(
-        r"resume timing: imports ([\d.]+)s, setup ([\d.]+)s, snapshot load ([\d.]+)s, replay ([\d.]+)s",
-        (workdir / "logs" / "trainer-0-0.log").read_text(),
-    )
-    imports, setup, load, replay = (float(value) for value in found.groups())
-    return {
         "resume_imports_s": imports,
         "resume_setup_s": setup,
         "resume_snapshot_load_s": load,
@@ -129,9 +125,7 @@ def main() -> None:
     try:
         time.sleep(5)
         for model in args.models:
-            clean = run_job(model, args.rollouts, None, root / f"{model}-clean", endpoint)
-            run_job(model, args.rollouts, args.rollouts // 2, root / f"{model}-killed", endpoint)
-            result = {**steady_state(clean), **resume_split(root / f"{model}-killed")}
+            result = run(model, args.rollouts, kill_at=args.rollouts // 2, root=root, endpoint=endpoint)
             print(orjson.dumps({"model": model, **{k: round(v, 4) for k, v in result.items()}}).decode(), flush=True)
     finally:
         daemon.send_signal(signal.SIGTERM)

@@ -300,6 +300,8 @@ class JobRunner:
             raise JobFailed(f"exporting the initial weights failed (exit {code}); see {log_path}")
 
     async def _register_engines(self, only: str | None = None) -> None:
+        """Register engines with the router; a replaced engine is removed first, which resets
+        what the router remembers of its predecessor (an open circuit, its load)."""
         router = RouterClient(url(self.procs["router"].plan.port))
         await router.wait_healthy(60)
         for record in self.procs.values():
@@ -307,8 +309,11 @@ class JobRunner:
                 continue
             engine_url = url(record.plan.port)
             await EngineClient(engine_url).wait_healthy(self.spec.engines.startup_timeout_s)
-            if engine_url not in await router.worker_urls():
-                await router.add_worker(engine_url)
+            if engine_url in await router.worker_urls():
+                if only is None:
+                    continue
+                await router.remove_worker(engine_url)
+            await router.add_worker(engine_url)
 
     async def tick(self) -> None:
         """One supervision pass: notice exits, restart after backoff, or settle the outcome."""

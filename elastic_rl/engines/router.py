@@ -27,7 +27,11 @@ def router_command(
     health_check_interval_s: int = 1,
     max_retries: int = 5,
     request_timeout_s: int = 1800,
+    circuit_open_s: int = 2,
 ) -> list[str]:
+    """The router's command line. Its circuit breaker reopens a failed engine after
+    ``circuit_open_s``: erld replaces dead engines itself, so a long open circuit
+    would only keep a healthy replacement out of rotation."""
     return [
         sys.executable, "-m", "sglang_router.launch_router",
         "--host", host,
@@ -36,6 +40,7 @@ def router_command(
         "--health-check-interval-secs", str(health_check_interval_s),
         "--health-check-endpoint", "/health",
         "--retry-max-retries", str(max_retries),
+        "--cb-timeout-duration-secs", str(circuit_open_s),
         "--request-timeout-secs", str(request_timeout_s),
         "--prometheus-host", host,
         "--prometheus-port", str(metrics_port),

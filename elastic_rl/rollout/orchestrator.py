@@ -38,6 +38,8 @@ from elastic_rl.rollout.rewards import load_reward
 log = logging.getLogger("elastic_rl.orchestrator")
 
 POLL_INTERVAL_S = 0.05
+# With the client's backoff (up to 2 s a try) this rides out about half a minute without engines.
+ROUTER_ATTEMPTS = 16
 
 
 def generating_version(rollout_id: int, mode: str) -> int:
@@ -207,7 +209,8 @@ class Orchestrator:
 
 async def amain() -> None:
     env = jobenv.JobEnv.from_environ()
-    router = RouterClient(os.environ[jobenv.ROUTER_URL])
+    # Patient: while erld replaces engines or the router, generation waits rather than fails.
+    router = RouterClient(os.environ[jobenv.ROUTER_URL], attempts=ROUTER_ATTEMPTS)
     async with ProgressReporter.connect(env.job, os.environ.get(jobenv.ETCD)) as progress:
         await Orchestrator(env, router, progress).run()
 
