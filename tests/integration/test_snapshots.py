@@ -84,7 +84,10 @@ def test_full_disk_fails_that_save_and_training_goes_on(small_disk, tmp_path):
     run_module_ranks("tests.integration.snapshot_worker", 2, "full-disk", workdir, result_file)
     result = json.loads(result_file.read_text())
     assert [step for step, _ in result["failed"]] == [2], result
-    assert "No space left on device" in result["failed"][0][1]
+    # ENOSPC surfaces as OSError 28, or, when it strikes inside torch's zip writer, as a
+    # DCP write failure ("unexpected pos"): both are this save's disk filling up.
+    error = result["failed"][0][1]
+    assert "No space left on device" in error or error.startswith("CheckpointException('write'"), error
     # The failed save left no snapshot that counts; the next one committed.
     assert result["newest"] == 3
     assert newest_valid_snapshot(workdir).step == 3
