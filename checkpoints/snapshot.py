@@ -120,7 +120,6 @@ class SnapshotWriter:
         self.staged = threading.Event()
         self.staged.set()
         self.last_wait_s = 0.0
-        self.last_staging_s = 0.0
 
     def save(self, state: TrainingState, step: int, last_rollout: int, spec_hash: str) -> None:
         """Start a snapshot of ``state`` after rollout ``last_rollout``.
@@ -161,12 +160,10 @@ class SnapshotWriter:
 
     def _stage_and_write(self, live: dict[str, tuple[torch.Tensor, int | None]], path: Path, fields: dict) -> None:
         try:
-            started = time.monotonic()
             try:
                 staged = {name: (self._stage(name, tensor), placement) for name, (tensor, placement) in live.items()}
             finally:
                 self.staged.set()
-            self.last_staging_s = time.monotonic() - started
             dcp.save(_dcp_entries(staged, self.mesh), checkpoint_id=str(path), process_group=self.group)
             self._commit(path, fields)
         except (Exception, dcp.CheckpointException) as exc:  # CheckpointException is a BaseException
