@@ -92,12 +92,17 @@ class Erld:
         for status in jobs.values():
             if status.get("phase") in ACTIVE_PHASES:
                 used.setdefault(status["node"], set()).update(status.get("devices", []))
-        return {
-            key[len(keys.NODES) :]: [
-                index for index in range(info["devices"]) if index not in used.get(key[len(keys.NODES) :], set())
-            ]
-            for key, info in nodes.items()
-        }
+        failed: dict[str, set[int]] = {}
+        for key, device in (await self.store.get_prefix(f"{keys.ROOT}/devices/")).items():
+            node, index = key.rsplit("/", 2)[-2:]
+            if device.get("state") == "failed":
+                failed.setdefault(node, set()).add(int(index))
+        free = {}
+        for key, info in nodes.items():
+            node = key[len(keys.NODES) :]
+            taken = used.get(node, set()) | failed.get(node, set())
+            free[node] = [index for index in range(info["devices"]) if index not in taken]
+        return free
 
     async def place_pending(self, statuses: dict[str, dict[str, Any]]) -> None:
         for job_id, status in sorted(statuses.items(), key=lambda item: item[1].get("submitted", 0)):
@@ -140,7 +145,7 @@ class Erld:
                 await self.set_phase(job_id, "stopped", "stopped by request")
         for job_id, runner in list(self.runners.items()):
             try:
-                await runner.tick()
+                await runner.tick(statuses.get(job_id))
             except ElasticRLError as exc:
                 runner.outcome = f"failed: {exc}"
             if runner.outcome is not None:
@@ -155,7 +160,7 @@ class Erld:
         workdir = Path(status["workdir"])
         events = EventLog(self.store, job_id, workdir, self.node)
         runner = JobRunner(
-            job_id, spec, workdir, status["devices"], self.store, self.endpoint, events, lease=self.lease
+            job_id, spec, workdir, status["devices"], self.store, self.endpoint, events, self.node, lease=self.lease
         )
         self.runners[job_id] = runner
         # Starting takes seconds (initial weights, engines loading): off the main loop.

@@ -1,12 +1,23 @@
 """Runs one job's processes on this node: starts them in order, supervises, restarts, stops.
 
-The processes of a job: the torchft lighthouse, the engines, the trainer ranks,
-the router (with the engines registered once healthy) and the orchestrator.
+The processes of a job: the torchft lighthouse, the engines, the trainer ranks
+(``trainer.replicas`` replicas of ``trainer.tensor_parallel`` ranks each), the
+router (with the engines registered once healthy) and the orchestrator.
 Each runs in its own session with its output appended to
 ``workdir/logs/<proc>.log``, so it outlives a crash of erld: a restarted erld
 adopts the processes still alive (by pid and start time, from its state file)
 and restarts the rest. An unexpected exit is handled by the restart policy;
 when the orchestrator exits 0 the job has succeeded.
+
+A trainer replica lives and dies as a group: when one rank exits, the other
+ranks of its replica (stuck in their tensor-parallel collectives) are killed
+and the replica restarts whole, then heals from a peer. Two trainer exit codes
+are requests: a rollback (restart at once) and a quarantined device (the
+device is marked failed and the replica moves to a free one, or the job runs
+on without it). Engines are watched through ``/health_generate``
+(``policies.engine_health``); an unhealthy one is taken out of the router,
+killed and replaced on the newest weights. ``erl scale`` changes the engine
+count of a running job.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from elastic_rl.errors import ElasticRLError
 from elastic_rl.net import LOOPBACK, free_port, url
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
+from policies.engine_health import judge
 from policies.restart import RestartPolicy, decide_restart
 
 log = logging.getLogger("erld.job")
@@ -48,6 +60,7 @@ class ProcPlan:
     env: dict[str, str]
     port: int | None = None
     device: int | None = None
+    replica: int | None = None
 
 
 @dataclass
@@ -79,9 +92,11 @@ class JobRunner:
         store: Store,
         etcd_endpoint: str,
         events: EventLog,
+        node: str,
         lease=None,
     ):
         self.job_id = job_id
+        self.node = node
         self.spec = spec
         self.workdir = workdir
         self.devices = devices
@@ -95,6 +110,10 @@ class JobRunner:
         self.children: dict[str, subprocess.Popen] = {}
         self.outcome: str | None = None  # "succeeded" or "failed: <reason>"
         self._starting: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
+        # Engines registered with the router: only these are health-checked.
+        self.serving: set[str] = set()
+        self.health_failures: dict[str, int] = {}
 
     # --- the plan ---------------------------------------------------------------
 
@@ -123,15 +142,14 @@ class JobRunner:
                     "--min_replicas", "1",
                     "--bind", f"{LOOPBACK}:{lighthouse_port}",
                     "--heartbeat_timeout_ms", str(spec.fault_tolerance.heartbeat_timeout_ms),
-                    "--join_timeout_ms", "100",
+                    "--join_timeout_ms", str(spec.fault_tolerance.join_timeout_ms),
                 ],  # fmt: skip
                 shared,
                 port=lighthouse_port,
             )
         ]
         for index in range(spec.engines.count):
-            port, device = free_port(), next(devices)
-            plans.append(ProcPlan(f"engine-{index}", "engine", [], {**shared, jobenv.DEVICE: str(device)}, port, device))
+            plans.append(self._engine_plan(index, next(devices), shared))
         for replica in range(spec.trainer.replicas):
             master_port = free_port()
             for rank in range(spec.trainer.tensor_parallel):
@@ -147,7 +165,9 @@ class JobRunner:
                     "MASTER_PORT": str(master_port),
                 }
                 command = [sys.executable, "-m", "elastic_rl.trainer.main"]
-                plans.append(ProcPlan(f"trainer-{replica}-{rank}", "trainer", command, env, device=device))
+                plans.append(
+                    ProcPlan(f"trainer-{replica}-{rank}", "trainer", command, env, device=device, replica=replica)
+                )
         plans.append(
             ProcPlan("router", "router", router_command(router_port, free_port()), shared, port=router_port)
         )
@@ -155,6 +175,10 @@ class JobRunner:
             ProcPlan("orchestrator", "orchestrator", [sys.executable, "-m", "elastic_rl.rollout.orchestrator"], shared)
         )
         return plans
+
+    @staticmethod
+    def _engine_plan(index: int, device: int, shared: dict[str, str]) -> ProcPlan:
+        return ProcPlan(f"engine-{index}", "engine", [], {**shared, jobenv.DEVICE: str(device)}, free_port(), device)
 
     def _command(self, plan: ProcPlan) -> list[str]:
         """Engines start on the newest weights, so a replacement serves the current version."""
@@ -283,6 +307,12 @@ class JobRunner:
         self._spawn(orchestrator)
         await self._publish(orchestrator)
         await self.events.emit("job_started", f"{len(self.procs)} processes on devices {self.devices}")
+        self._in_background(self._watch_engines())
+
+    def _in_background(self, coroutine) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _prepare_initial_weights(self) -> None:
         if jobenv.weights_dir(self.workdir, 0).exists():
@@ -304,23 +334,36 @@ class JobRunner:
         what the router remembers of its predecessor (an open circuit, its load)."""
         router = RouterClient(url(self.procs["router"].plan.port))
         await router.wait_healthy(60)
-        for record in self.procs.values():
+        for record in list(self.procs.values()):
             if record.plan.role != "engine" or (only is not None and record.plan.name != only):
                 continue
             engine_url = url(record.plan.port)
             await EngineClient(engine_url).wait_healthy(self.spec.engines.startup_timeout_s)
             if engine_url in await router.worker_urls():
                 if only is None:
+                    self.serving.add(record.plan.name)
                     continue
                 await router.remove_worker(engine_url)
             await router.add_worker(engine_url)
+            self.serving.add(record.plan.name)
+            self.health_failures[record.plan.name] = 0
+        if only is not None:
+            await self.events.emit("engine_serving", "registered with the router", proc=only,
+                                   device=self.procs[only].plan.device)  # fmt: skip
 
-    async def tick(self) -> None:
-        """One supervision pass: notice exits, restart after backoff, or settle the outcome."""
+    async def _unregister_engine(self, record: ProcRecord) -> None:
+        self.serving.discard(record.plan.name)
+        try:
+            await RouterClient(url(self.procs["router"].plan.port)).remove_worker(url(record.plan.port))
+        except Exception as exc:  # the router may be down too; its restart registers only live engines
+            log.warning("job %s: removing %s from the router failed: %s", self.job_id, record.plan.name, exc)
+
+    async def tick(self, status: dict[str, Any] | None = None) -> None:
+        """One supervision pass: notice exits, restart after backoff, scale, or settle the outcome."""
         if not await self._start_finished() or self.outcome is not None:
             return
         now = time.time()
-        for record in self.procs.values():
+        for record in list(self.procs.values()):
             if record.state == "running" and not self._alive(record):
                 await self._on_exit(record, now)
                 if self.outcome is not None:
@@ -329,9 +372,16 @@ class JobRunner:
                 record.restarts.append(now)
                 self._spawn(record)
                 await self._publish(record)
-                await self.events.emit("proc_restarted", f"restart {len(record.restarts)}", proc=record.plan.name)
-                if record.plan.role in ("engine", "router"):
-                    await self._register_engines(only=record.plan.name if record.plan.role == "engine" else None)
+                await self.events.emit("proc_restarted", f"restart {len(record.restarts)}", proc=record.plan.name,
+                                       device=record.plan.device)  # fmt: skip
+                if record.plan.role == "engine":
+                    self._in_background(self._register_engines(only=record.plan.name))
+                elif record.plan.role == "router":
+                    self.serving.clear()
+                    self._in_background(self._register_engines())
+        desired = (status or {}).get("engines")
+        if desired is not None:
+            await self._scale_engines(desired)
 
     async def _on_exit(self, record: ProcRecord, now: float) -> None:
         name = record.plan.name
@@ -341,10 +391,25 @@ class JobRunner:
             self.outcome = "succeeded"
             await self.events.emit("job_succeeded", "every rollout trained")
             return
-        decision = decide_restart(self.policy, record.restarts, now)
         await self.events.emit(
-            "proc_exited", f"exit code {record.exit_code}; see logs/{name}.log", proc=name, exit_code=record.exit_code
-        )
+            "proc_exited", f"exit code {record.exit_code}; see logs/{name}.log", proc=name,
+            exit_code=record.exit_code, device=record.plan.device,
+        )  # fmt: skip
+        if record.plan.role == "engine":
+            # Out of the router at once, so no new request goes to a dead engine.
+            await self._unregister_engine(record)
+        if record.plan.role == "trainer":
+            await self._stop_replica_partners(record)
+            if record.exit_code == jobenv.EXIT_DEVICE_QUARANTINED:
+                await self._move_replica(record)
+                return
+        if record.plan.role == "trainer" and record.exit_code == jobenv.EXIT_ROLLBACK:
+            # Asked for, not a crash: restart at once from the newest snapshot.
+            await self.events.emit("trainer_rollback", "restarting from the newest snapshot", proc=name)
+            decision = decide_restart(self.policy, record.restarts, now)
+            decision = type(decision)(decision.restart, 0.0, decision.reason)
+        else:
+            decision = decide_restart(self.policy, record.restarts, now)
         if not decision.restart:
             record.state = "failed"
             await self._publish(record)
@@ -355,14 +420,140 @@ class JobRunner:
         record.restart_at = now + decision.delay_s
         await self._publish(record)
 
+    def _replica_ranks(self, record: ProcRecord) -> list[ProcRecord]:
+        return [
+            r for r in self.procs.values() if r.plan.role == "trainer" and r.plan.replica == record.plan.replica
+        ]
+
+    async def _stop_replica_partners(self, record: ProcRecord) -> None:
+        """The other ranks of a dead rank's replica cannot go on: kill them; they restart with it."""
+        for partner in self._replica_ranks(record):
+            if partner is record or partner.state != "running":
+                continue
+            self._signal(partner, signal.SIGKILL)
+            partner.state = "restarting"
+            partner.restart_at = time.time()
+            await self._publish(partner)
+
+    async def _move_replica(self, record: ProcRecord) -> None:
+        """A quarantined device: mark it failed; restart the replica on free devices, or run without it."""
+        ranks = self._replica_ranks(record)
+        failed = sorted({r.plan.device for r in ranks if r.plan.device is not None})
+        for device in failed:
+            await self.store.put(keys.device(self.node, device), {"kind": "cpu", "state": "failed"}, lease=self.lease)
+        replacements = await self._claim_devices(len(ranks), release=failed)
+        if replacements is None:
+            for rank in ranks:
+                rank.state = "quarantined"
+                await self._publish(rank)
+            await self.events.emit(
+                "replica_degraded", f"devices {failed} failed and no free device: the job runs on without replica "
+                f"{record.plan.replica}", proc=record.plan.name,
+            )  # fmt: skip
+            return
+        for rank, device in zip(ranks, replacements):
+            rank.plan.device = device
+            rank.plan.env = {**rank.plan.env, jobenv.DEVICE: str(device)}
+            rank.state = "restarting"
+            rank.restart_at = time.time()
+            await self._publish(rank)
+        await self.events.emit(
+            "replica_moved", f"devices {failed} failed; replica {record.plan.replica} restarts on {replacements}",
+            proc=record.plan.name,
+        )  # fmt: skip
+
+    async def _claim_devices(self, count: int, release: list[int] = ()) -> list[int] | None:
+        """Take ``count`` free device slots of this node for the job (giving up ``release``)."""
+        node = await self.store.get(keys.node(self.node)) or {}
+        states = await self.store.get_prefix(keys.devices(self.node))
+        failed = {int(key.rsplit("/", 1)[1]) for key, value in states.items() if value.get("state") == "failed"}
+        used: set[int] = set()
+        for key, status in (await self.store.get_prefix(keys.JOBS)).items():
+            if key.endswith("/status") and status.get("phase") in ("running", "stopping") and status.get("node") == self.node:
+                used.update(status.get("devices", []))
+        free = [d for d in range(node.get("devices", 0)) if d not in used | failed]
+        if len(free) < count:
+            return None
+        claimed = free[:count]
+        self.devices = [d for d in self.devices if d not in release] + claimed
+        devices = self.devices
+        await self.store.modify(keys.job_status(self.job_id), lambda s: {**s, "devices": devices})
+        return claimed
+
+    async def _release_devices(self, released: list[int]) -> None:
+        self.devices = [d for d in self.devices if d not in released]
+        devices = self.devices
+        await self.store.modify(keys.job_status(self.job_id), lambda s: {**s, "devices": devices})
+
+    # --- engines: health and scale ----------------------------------------------------
+
+    async def _watch_engines(self) -> None:
+        """Check every serving engine's /health_generate each interval; replace the unhealthy."""
+        engines = self.spec.engines
+        while True:
+            started = time.monotonic()
+            watched = [r for r in self.procs.values() if r.plan.role == "engine" and r.plan.name in self.serving]
+            results = await asyncio.gather(
+                *(EngineClient(url(r.plan.port)).health_generate(engines.health_timeout_s) for r in watched)
+            )
+            for record, ok in zip(watched, results):
+                name = record.plan.name
+                if name not in self.serving or record.state != "running":
+                    continue  # replaced or gone while the check ran
+                verdict = judge(ok, self.health_failures.get(name, 0), engines.health_failure_threshold,
+                                f"no answer within {engines.health_timeout_s:g}s or an error")  # fmt: skip
+                self.health_failures[name] = verdict.consecutive_failures
+                if verdict.unhealthy:
+                    await self._replace_engine(record, verdict.reason)
+            await asyncio.sleep(max(0.0, engines.health_interval_s - (time.monotonic() - started)))
+
+    async def _replace_engine(self, record: ProcRecord, reason: str) -> None:
+        await self.events.emit("engine_unhealthy", f"{reason}; replacing it", proc=record.plan.name,
+                               device=record.plan.device)  # fmt: skip
+        await self._unregister_engine(record)
+        self._signal(record, signal.SIGKILL)
+        record.state = "restarting"
+        record.restart_at = time.time()
+        await self._publish(record)
+
+    async def _scale_engines(self, desired: int) -> None:
+        engines = sorted((r for r in self.procs.values() if r.plan.role == "engine"), key=lambda r: r.plan.name)
+        if desired > len(engines):
+            taken = {int(r.plan.name.rsplit("-", 1)[1]) for r in engines}
+            claimed = await self._claim_devices(desired - len(engines))
+            if claimed is None:
+                return  # retried each tick until devices free up
+            shared = {k: v for k, v in self.procs["router"].plan.env.items()}
+            index = 0
+            for device in claimed:
+                while index in taken:
+                    index += 1
+                taken.add(index)
+                record = ProcRecord(self._engine_plan(index, device, shared))
+                self.procs[record.plan.name] = record
+                self._spawn(record)
+                await self._publish(record)
+                self._in_background(self._register_engines(only=record.plan.name))
+            await self.events.emit("engines_scaled", f"{len(engines)} -> {desired} engines")
+        elif desired < len(engines):
+            removed = engines[desired:]
+            for record in removed:
+                await self._unregister_engine(record)
+                self._signal(record, signal.SIGTERM)
+                del self.procs[record.plan.name]
+                await self.store.delete(keys.proc(self.job_id, record.plan.name))
+            await self._release_devices([r.plan.device for r in removed])
+            await self.events.emit("engines_scaled", f"{len(engines)} -> {desired} engines")
+
     async def _finished(self) -> bool:
         progress = await self.store.get(keys.job_progress(self.job_id)) or {}
         return bool(progress.get("finished"))
 
     async def stop(self) -> None:
-        if self._starting is not None:
-            self._starting.cancel()
-            await asyncio.gather(self._starting, return_exceptions=True)
+        for task in [self._starting, *self._background]:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for record in self.procs.values():
             self._signal(record, signal.SIGTERM)
         deadline = time.monotonic() + self.spec.fault_tolerance.stop_grace_s
@@ -401,3 +592,5 @@ class JobRunner:
                     return
             await self._publish(record)
         await self.events.emit("job_adopted", f"adopted running processes: {', '.join(adopted) or 'none'}")
+        self._in_background(self._register_engines())
+        self._in_background(self._watch_engines())

@@ -106,7 +106,8 @@ def _format_status(info: dict[str, Any]) -> str:
         for event in info["events"]:
             when = datetime.fromtimestamp(event["time"]).strftime("%H:%M:%S")
             proc = f" [{event['proc']}]" if event.get("proc") else ""
-            lines.append(f"    {when} {event['kind']}{proc} {event['message']}")
+            where = "".join(f" {key}={event[key]}" for key in ("device", "step") if event.get(key) is not None)
+            lines.append(f"    {when} {event['kind']}{proc}{where} {event['message']}")
     return "\n".join(lines)
 
 
@@ -139,6 +140,14 @@ async def cmd_stop(args: argparse.Namespace) -> int:
         await jobs.require_daemon(store)
         phase = await jobs.stop(store, args.job)
     print(f"job {args.job}: {phase}")
+    return 0
+
+
+async def cmd_scale(args: argparse.Namespace) -> int:
+    async with Store(_endpoint(args), attempts=1) as store:
+        await jobs.require_daemon(store)
+        old = await jobs.scale(store, args.job, args.engines)
+    print(f"job {args.job}: engines {old} -> {args.engines}; follow it with `erl status {args.job}`")
     return 0
 
 
@@ -358,6 +367,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     stop = _command(commands, "stop", "stop a job's processes", "erl stop tiny-grpo", cmd_stop)
     stop.add_argument("job")
+
+    scale = _command(
+        commands, "scale", "change the number of engines of a running job",
+        "erl scale tiny-grpo --engines 3", cmd_scale,
+    )  # fmt: skip
+    scale.add_argument("job")
+    scale.add_argument("--engines", type=int, required=True, metavar="N", help="the new engine count (at least 1)")
 
     resume = _command(
         commands, "resume", "restart a stopped or failed job from its newest valid snapshot",

@@ -181,10 +181,11 @@ class EnginesSpec(Component):
     """How long an engine may take to answer /health after it starts."""
     health_interval_s: PositiveFloat = 1.0
     """Interval between /health_generate checks."""
-    health_timeout_s: PositiveFloat = 5.0
-    """Timeout of one health check."""
-    health_failure_threshold: PositiveInt = 3
-    """Consecutive failed checks that make an engine unhealthy."""
+    health_timeout_s: PositiveFloat = 3.0
+    """Timeout of one health check; a hung engine is found by it."""
+    health_failure_threshold: PositiveInt = 1
+    """Consecutive failed checks that make an engine unhealthy (a hang is found within
+    interval + threshold x timeout; raise it where health checks queue behind heavy load)."""
 
     @field_validator("kind")
     @classmethod
@@ -265,13 +266,28 @@ class CheckpointSpec(Component):
     """Stage the snapshot and write it in the background."""
 
 
+class NanInjection(Component):
+    """Fault injection: make trainer replicas produce NaN losses at chosen optimizer steps."""
+
+    steps: list[int] = Field(min_length=1)
+    """Optimizer steps (counted over the whole run, from 0) whose loss becomes NaN."""
+    replica: int | None = Field(None, ge=0)
+    """The replica that produces them (a bad device); none: every replica (bad data)."""
+    attempts: int = Field(0, ge=0)
+    """How many tries of each chosen step produce NaN; 0: every try (a persistent fault)."""
+
+
 class FaultToleranceSpec(Component):
     """How the job survives failures."""
 
     heartbeat_timeout_ms: PositiveInt = 1000
-    """Lighthouse: a replica silent this long leaves the quorum."""
+    """Lighthouse: a replica silent this long leaves the quorum (the survivors' stall)."""
+    join_timeout_ms: PositiveInt = 100
+    """Lighthouse: how long a forming quorum waits for healthy replicas that have not asked to join."""
     quorum_timeout_s: PositiveFloat = 60.0
     """torchft: how long a replica waits for a quorum."""
+    collective_timeout_s: PositiveFloat = 60.0
+    """torchft: timeout of a cross-replica all-reduce, a commit vote and a heal from a peer."""
     max_restarts: int = Field(5, ge=0)
     """Restarts of one process allowed within restart_window_s before the job fails."""
     restart_window_s: PositiveFloat = 600.0
@@ -282,6 +298,8 @@ class FaultToleranceSpec(Component):
     """How long `erl stop` waits for processes to exit (trainers finish the rollout in hand and snapshot)."""
     max_consecutive_nan_skips: PositiveInt = 3
     """Non-finite steps skipped in a row before rolling back to the newest snapshot."""
+    inject_nan: NanInjection | None = None
+    """Testing only: produce NaN on purpose (also settable through ERL_INJECT_NAN as JSON)."""
 
 
 class JobSpec(Component):

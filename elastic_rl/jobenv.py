@@ -27,6 +27,12 @@ LIGHTHOUSE_URL = "ERL_LIGHTHOUSE_URL"
 REPLICA = "ERL_REPLICA"
 DEVICE = "ERL_DEVICE"
 
+# Trainer exit codes that erld reads as requests rather than crashes.
+EXIT_ROLLBACK = 75
+"""The trainers rolled back: restart at once, from the newest snapshot."""
+EXIT_DEVICE_QUARANTINED = 76
+"""This replica's device produced non-finite values: mark it failed, restart the replica elsewhere."""
+
 SPEC_FILE = "spec.json"
 META_FILE = "meta.json"
 
@@ -82,3 +88,15 @@ def committed_rollouts(workdir: Path) -> list[int]:
     if not folder.is_dir():
         return []
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / META_FILE).is_file())
+
+
+def quarantine_path(workdir: Path, rollout_id: int) -> Path:
+    return workdir / "quarantine" / f"rollout-{rollout_id:06d}.json"
+
+
+def quarantined_rollouts(workdir: Path) -> set[int]:
+    """Rollouts the NaN guard set aside: trainers skip them, on a replay too."""
+    folder = workdir / "quarantine"
+    if not folder.is_dir():
+        return set()
+    return {int(p.stem.removeprefix("rollout-")) for p in folder.glob("rollout-*.json")}

@@ -112,3 +112,20 @@ async def stop(store: Store, job_id: str) -> str:
     new_phase = "stopped" if phase == "pending" else "stopping"
     await store.modify(keys.job_status(job_id), lambda current: {**current, "phase": new_phase, "reason": "stopped by request"})
     return new_phase
+
+
+async def scale(store: Store, job_id: str, engines: int) -> int:
+    """Set a job's engine count; erld adds or removes engines while the job runs. Returns the old count."""
+    status = await store.get(keys.job_status(job_id))
+    if status is None:
+        raise ElasticRLError(f"no job {job_id!r}; `erl list` shows the jobs")
+    if status.get("phase") in TERMINAL_PHASES:
+        raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a pending or running job scales")
+    if engines < 1:
+        raise ElasticRLError(f"--engines {engines}: a job needs at least one engine")
+    spec = await store.get(keys.job_spec(job_id))
+    old = status.get("engines", spec["engines"]["count"])
+    # The spec follows, so a resumed job keeps the new count.
+    await store.put(keys.job_spec(job_id), {**spec, "engines": {**spec["engines"], "count": engines}})
+    await store.modify(keys.job_status(job_id), lambda current: {**current, "engines": engines})
+    return old

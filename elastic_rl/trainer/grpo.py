@@ -1,10 +1,13 @@
-"""One rollout's training: log probabilities, the GRPO loss, and optimizer steps under torchft.
+"""One optimizer step of GRPO under torchft, with the NaN/Inf guard.
 
-``GrpoTrainer.train_rollout`` takes a committed rollout batch and runs
-``samples / global_batch_size`` optimizer steps on it. Each step's global
-batch is split by the torchft quorum (participant i of n takes shard i), the
-loss is normalised by the global batch's response tokens, gradients are summed
-across replicas, and the step is taken only if the Manager commits.
+A rollout batch is trained in ``samples / global_batch_size`` steps. Each
+step's global batch is split by that step's quorum (participant i of n takes
+shard i), the loss is normalised by the global batch's response tokens, and
+gradients are summed across replicas in one all-reduce, so the gradient does
+not depend on how many replicas took part. The same all-reduce carries each
+replica's verdict on its own shard (finite or not) and the metric sums, so
+every replica sees the same step and reaches the same NaN/Inf response
+(``policies.nan_guard``). The step is taken only if the Manager commits.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from megatron.core import parallel_state
@@ -23,6 +27,8 @@ from elastic_rl.config import JobSpec
 from elastic_rl.model.gpt import forward_gpt
 from elastic_rl.model.vocab_parallel import entropy, token_log_probs
 from elastic_rl.rollout.batch import RolloutBatch
+from elastic_rl.trainer.nan_injection import NanInjector
+from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute
 
 
 def lr_lambda(spec: JobSpec, total_steps: int):
@@ -72,6 +78,13 @@ def grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
     return (sharded + replicated).sqrt()
 
 
+METRIC_NAMES = ("loss", "pg_loss", "ppo_kl", "entropy", "clipfrac", "kl")
+
+
+class NonFiniteStep(RuntimeError):
+    """Reported to the Manager so that the step is not committed."""
+
+
 @dataclass
 class StepMetrics:
     values: dict[str, list[float]] = field(default_factory=dict)
@@ -84,8 +97,51 @@ class StepMetrics:
         return {name: sum(v) / len(v) for name, v in self.values.items()}
 
 
+@dataclass
+class RolloutContext:
+    """What every step of one rollout shares; a healing replica takes it from its peer."""
+
+    rollout_id: int
+    batch: RolloutBatch
+    mask: torch.Tensor
+    token_advantages: torch.Tensor
+    old_logp: torch.Tensor
+    """The policy's log probs before the rollout's first step: PPO's "old" policy."""
+    ref_logp: torch.Tensor | None
+    logprob_gap: float
+    metrics: StepMetrics = field(default_factory=StepMetrics)
+    started: float = field(default_factory=time.monotonic)
+
+    def heal_state(self) -> dict[str, Any]:
+        return {
+            "rollout_id": self.rollout_id,
+            "old_logp": self.old_logp,
+            "logprob_gap": self.logprob_gap,
+            "metrics": self.metrics.values,
+        }
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    committed: bool
+    decision: Decision
+    leader: bool
+    """This replica was participant 0 of the step: it exports and snapshots for the job."""
+
+
 class GrpoTrainer:
-    def __init__(self, spec: JobSpec, model, optimizer, scheduler, manager, reference=None, before_optimizer_step=None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        model,
+        optimizer,
+        scheduler,
+        manager,
+        replica: int,
+        reference=None,
+        before_optimizer_step=None,
+        injector: NanInjector | None = None,
+    ):
         self.spec = spec
         # Called before each optimizer step, which changes the state a snapshot may still be copying;
         # returns the seconds it blocked.
@@ -94,8 +150,12 @@ class GrpoTrainer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.manager = manager
+        self.replica = replica
         self.reference = reference
+        self.injector = injector
         self.parameters = [p for p in model.parameters() if p.requires_grad]
+        self.steps_per_rollout = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
+        self.consecutive_skips = 0
 
     def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
         return list(rows.split(self.spec.trainer.micro_batch_size))
@@ -106,64 +166,142 @@ class GrpoTrainer:
         temperature = self.spec.rollout.temperature
         return torch.cat([sequence_log_probs(model, batch.tokens[mb], temperature)[0] for mb in self._micro_batches(rows)])
 
-    def train_rollout(self, batch: RolloutBatch) -> dict[str, float]:
+    def prepare(self, rollout_id: int, batch: RolloutBatch, healed: dict[str, Any] | None = None) -> RolloutContext:
+        """The rollout's shared state, from the current weights, or from a peer mid-rollout."""
         spec = self.spec
-        started = time.monotonic()
         mask = batch.response_mask()
         advantages = grpo_advantages(
             batch.rewards, spec.rollout.n_samples_per_prompt, spec.algorithm.normalize_advantages_by_std
         )
-        token_advantages = advantages.unsqueeze(1) * mask
-        # The policy before this rollout's first step: PPO's "old" log probabilities.
-        old_logp = self._log_probs(self.model, batch)
         ref_logp = self._log_probs(self.reference, batch) if self.reference is not None else None
-        logprob_gap = ((old_logp - batch.engine_logprobs).abs() * mask).max().item()
+        if healed is not None:
+            old_logp, gap = healed["old_logp"], healed["logprob_gap"]
+        else:
+            old_logp = self._log_probs(self.model, batch)
+            gap = ((old_logp - batch.engine_logprobs).abs() * mask).max().item()
+        context = RolloutContext(
+            rollout_id, batch, mask, advantages.unsqueeze(1) * mask, old_logp, ref_logp, gap
+        )
+        if healed is not None:
+            context.metrics.values = {name: list(values) for name, values in healed["metrics"].items()}
+        return context
 
-        metrics = StepMetrics()
-        gate_time = 0.0
-        global_batch = spec.trainer.global_batch_size
-        for step in range(batch.size // global_batch):
-            step_started = time.monotonic()
-            rows = torch.arange(step * global_batch, (step + 1) * global_batch)
-            self.manager.start_quorum()
-            shard = rows.tensor_split(self.manager.num_participants())[self.manager.participating_rank() or 0]
-            global_tokens = int(mask[rows].sum().item())
-            sums = {"loss": 0.0, "pg_loss": 0.0, "ppo_kl": 0.0, "entropy": 0.0, "clipfrac": 0.0, "kl": 0.0}
-            self.optimizer.zero_grad(set_to_none=False)
-            for mb in self._micro_batches(shard):
-                m = mask[mb]
-                logp, ent = sequence_log_probs(self.model, batch.tokens[mb], spec.rollout.temperature)
-                pg, clipped = ppo_clipped_loss(
-                    logp, old_logp[mb], token_advantages[mb], spec.algorithm.eps_clip, spec.algorithm.eps_clip_high
-                )
-                loss_tokens = pg - spec.algorithm.entropy_coef * ent
-                if ref_logp is not None:
-                    kl = KL_ESTIMATORS[spec.algorithm.kl_estimator](logp, ref_logp[mb])
-                    loss_tokens = loss_tokens + spec.algorithm.kl_coef * kl
-                    sums["kl"] += reduce_global(kl.detach(), m, global_tokens).item()
-                loss = reduce_global(loss_tokens, m, global_tokens)
+    def _shard_loss(self, ctx: RolloutContext, rows: torch.Tensor, global_tokens: int, poison: bool, backward: bool) -> torch.Tensor:
+        """Forward (and backward) over ``rows``; returns the metric sums in METRIC_NAMES order."""
+        spec = self.spec
+        sums = torch.zeros(len(METRIC_NAMES))
+        for mb in self._micro_batches(rows):
+            m = ctx.mask[mb]
+            logp, ent = sequence_log_probs(self.model, ctx.batch.tokens[mb], spec.rollout.temperature)
+            pg, clipped = ppo_clipped_loss(
+                logp, ctx.old_logp[mb], ctx.token_advantages[mb], spec.algorithm.eps_clip, spec.algorithm.eps_clip_high
+            )
+            loss_tokens = pg - spec.algorithm.entropy_coef * ent
+            kl_sum = 0.0
+            if ctx.ref_logp is not None:
+                kl = KL_ESTIMATORS[spec.algorithm.kl_estimator](logp, ctx.ref_logp[mb])
+                loss_tokens = loss_tokens + spec.algorithm.kl_coef * kl
+                kl_sum = reduce_global(kl.detach(), m, global_tokens).item()
+            loss = reduce_global(loss_tokens, m, global_tokens)
+            if poison:
+                loss = loss * float("nan")
+            if backward:
                 loss.backward()
-                sums["loss"] += loss.item()
-                sums["pg_loss"] += reduce_global(pg.detach(), m, global_tokens).item()
-                sums["ppo_kl"] += reduce_global(ppo_kl(logp.detach(), old_logp[mb]), m, global_tokens).item()
-                sums["entropy"] += reduce_global(ent.detach(), m, global_tokens).item()
-                sums["clipfrac"] += reduce_global(clipped, m, global_tokens).item()
-            for param in self.parameters:
-                self.manager.allreduce(param.grad, reduce_op=torch.distributed.ReduceOp.SUM).wait()
-            norm = grad_norm(self.parameters)
-            committed = self.manager.should_commit()
-            gate_time += self.before_optimizer_step()
-            if committed:
-                torch.nn.utils.clip_grads_with_norm_(self.parameters, spec.trainer.clip_grad, norm)
-                self.optimizer.step()
-                self.scheduler.step()
-            if step == 0:
-                metrics.add(first_step_ppo_kl=sums["ppo_kl"])
-            metrics.add(**sums, grad_norm=norm.item(), committed=float(committed),
-                        step_time=time.monotonic() - step_started)  # fmt: skip
-        result = {f"train/{name}": value for name, value in metrics.means().items()}
-        result["train/logprob_abs_diff_max"] = logprob_gap
-        result["train/snapshot_gate_time"] = gate_time
+            sums += torch.tensor([
+                loss.item(),
+                reduce_global(pg.detach(), m, global_tokens).item(),
+                reduce_global(ppo_kl(logp.detach(), ctx.old_logp[mb]), m, global_tokens).item(),
+                reduce_global(ent.detach(), m, global_tokens).item(),
+                reduce_global(clipped, m, global_tokens).item(),
+                kl_sum,
+            ])  # fmt: skip
+        return sums
+
+    def step(self, ctx: RolloutContext, index: int) -> StepOutcome:
+        """Step ``index`` of the rollout, under the quorum the caller has started."""
+        spec = self.spec
+        step_started = time.monotonic()
+        global_step = self.manager.current_step()
+        replicas = spec.trainer.replicas
+        global_batch = spec.trainer.global_batch_size
+        rows = torch.arange(index * global_batch, (index + 1) * global_batch)
+        rank = self.manager.participating_rank() or 0
+        shards = rows.tensor_split(self.manager.num_participants())
+        global_tokens = int(ctx.mask[rows].sum().item())
+
+        self.optimizer.zero_grad(set_to_none=False)
+        poison = self.injector is not None and self.injector.poison(global_step)
+        sums = self._shard_loss(ctx, shards[rank], global_tokens, poison, backward=True)
+        local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
+
+        # One all-reduce: gradients, metric sums, and per replica slot its verdict and its shard.
+        verdicts = torch.zeros(2 * replicas)
+        verdicts[self.replica] = 0.0 if local_finite else 1.0
+        verdicts[replicas + self.replica] = rank + 1
+        flat = torch.cat([p.grad.reshape(-1) for p in self.parameters] + [sums, verdicts])
+        self.manager.allreduce(flat, reduce_op=torch.distributed.ReduceOp.SUM).wait()
+        offset = 0
+        for param in self.parameters:
+            param.grad.copy_(flat[offset : offset + param.numel()].view_as(param.grad))
+            offset += param.numel()
+        sums = flat[offset : offset + len(METRIC_NAMES)]
+        verdicts = flat[offset + len(METRIC_NAMES) :]
+
+        decision = Decision(Response.COMMIT)
+        if self.manager.errored() is None:
+            health = StepHealth(
+                participants=frozenset(r for r in range(replicas) if verdicts[replicas + r] > 0),
+                nonfinite=frozenset(r for r in range(replicas) if verdicts[r] > 0),
+                reduced_finite=bool(flat.isfinite().all()),
+            )
+            if needs_recompute(health):
+                health = StepHealth(
+                    health.participants, health.nonfinite, health.reduced_finite,
+                    self._recompute_elsewhere(ctx, health, shards, verdicts, global_tokens),
+                )  # fmt: skip
+            decision = decide(health, self.consecutive_skips, spec.fault_tolerance.max_consecutive_nan_skips)
+            if decision.response is not Response.COMMIT:
+                self.manager.report_error(NonFiniteStep(decision.reason))
+
+        norm = grad_norm(self.parameters)
+        committed = self.manager.should_commit()
+        gate_time = self.before_optimizer_step()
+        if committed:
+            torch.nn.utils.clip_grads_with_norm_(self.parameters, spec.trainer.clip_grad, norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.consecutive_skips = 0
+            if index == 0:
+                ctx.metrics.add(first_step_ppo_kl=sums[METRIC_NAMES.index("ppo_kl")])
+            ctx.metrics.add(**dict(zip(METRIC_NAMES, sums.tolist())), grad_norm=norm.item(),
+                            step_time=time.monotonic() - step_started, snapshot_gate_time=gate_time,
+                            participants=self.manager.num_participants())  # fmt: skip
+        elif decision.response is Response.SKIP:
+            self.consecutive_skips += 1
+        return StepOutcome(committed, decision, leader=rank == 0)
+
+    @torch.no_grad()
+    def _recompute_elsewhere(
+        self, ctx: RolloutContext, health: StepHealth, shards: tuple[torch.Tensor, ...], verdicts: torch.Tensor,
+        global_tokens: int,
+    ) -> frozenset[int]:
+        """The lowest healthy replica recomputes each bad replica's shard; which came out finite."""
+        replicas = self.spec.trainer.replicas
+        checker = min(health.participants - health.nonfinite)
+        finite = torch.zeros(replicas)
+        if self.replica == checker:
+            for bad in health.nonfinite:
+                shard = shards[int(verdicts[replicas + bad].item()) - 1]
+                sums = self._shard_loss(ctx, shard, global_tokens, poison=False, backward=False)
+                finite[bad] = 1.0 if bool(sums.isfinite().all()) else 0.0
+        self.manager.allreduce(finite, reduce_op=torch.distributed.ReduceOp.SUM).wait()
+        return frozenset(r for r in range(replicas) if finite[r] > 0)
+
+    def rollout_metrics(self, ctx: RolloutContext) -> dict[str, float]:
+        result = {f"train/{name}": value for name, value in ctx.metrics.means().items()}
+        result["train/logprob_abs_diff_max"] = ctx.logprob_gap
+        # The snapshot gate's cost is the rollout's total, not a per-step mean.
+        result["train/snapshot_gate_time"] = sum(ctx.metrics.values.get("snapshot_gate_time", []))
         result["train/lr"] = self.scheduler.get_last_lr()[0]
-        result["train/rollout_train_time"] = time.monotonic() - started
+        result["train/rollout_train_time"] = time.monotonic() - ctx.started
         return result

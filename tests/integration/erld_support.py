@@ -8,13 +8,16 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
 
 from elastic_rl.net import free_port
-from tests.processes import REPO
+from tests.processes import REPO, SPEC
+
+STOP_AND_RESUME = "erl stop + erl resume"
 
 
 def erl(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
@@ -37,7 +40,7 @@ class Daemon:
         log = open(self.state_dir / "erld-test.log", "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(self.state_dir),
-             "--etcd-port", str(self.port), "--cpu-devices", "4", "--node", "test-node"],
+             "--etcd-port", str(self.port), "--cpu-devices", "6", "--node", "test-node"],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -93,3 +96,61 @@ def status(daemon: Daemon, job: str) -> dict:
     return orjson.loads(erl("status", job, "-o", "json", "--etcd", daemon.endpoint, check=True).stdout)
 
 
+
+
+def wait_phase(daemon: Daemon, job: str, phases: tuple[str, ...], deadline: float) -> dict:
+    while (info := status(daemon, job))["status"]["phase"] not in phases:
+        assert time.monotonic() < deadline, info
+        time.sleep(0.2)
+    return info
+
+
+def run_job(
+    daemon: Daemon,
+    workdir: Path,
+    job_args: list[str],
+    faults: list[tuple[str, int | Callable[[Path], bool]]] = (),
+    jitter=None,
+    signal_number: int = signal.SIGKILL,
+    timeout_s: float = 500,
+) -> list[str]:
+    """Run the tiny job to the end, injecting fault F once `rollouts_done` reaches N, for each (F, N).
+
+    N may instead be a predicate of the work dir (e.g. "a replica has healed").
+    A fault is a job process's name (sent ``signal_number``), "erld" (SIGKILLed and
+    started again) or STOP_AND_RESUME. ``jitter`` (a random.Random) delays each fault
+    by a random part of a second, so kills land anywhere in a rollout:
+    mid-generation, mid-commit, mid-snapshot. Returns the faults injected.
+    """
+    erl("submit", str(SPEC), *job_args, "--workdir", str(workdir), "--etcd", daemon.endpoint, check=True)
+    done = []
+    deadline = time.monotonic() + timeout_s
+    pending = list(faults)
+    while (info := status(daemon, "tiny-grpo"))["status"]["phase"] in ("pending", "running"):
+        when = pending[0][1] if pending else None
+        if pending and (when(workdir) if callable(when) else info["progress"].get("rollouts_done", 0) >= when):
+            fault, _ = pending.pop(0)
+            if jitter is not None:
+                time.sleep(jitter.uniform(0, 0.8))
+            if fault == "erld":
+                daemon.process.kill()
+                daemon.process.wait(timeout=10)
+                daemon.start()
+                daemon.wait_ready(daemon.notify)
+                done.append(fault)
+            elif fault == STOP_AND_RESUME:
+                erl("stop", "tiny-grpo", "--etcd", daemon.endpoint, check=True)
+                wait_phase(daemon, "tiny-grpo", ("stopped",), deadline)
+                erl("resume", "tiny-grpo", "--etcd", daemon.endpoint, check=True)
+                done.append(fault)
+            elif (proc := info["procs"].get(fault, {})).get("state") == "running":
+                os.kill(proc["pid"], signal_number)
+                done.append(fault)
+        assert time.monotonic() < deadline, "the job did not finish"
+        time.sleep(0.2)
+    assert info["status"]["phase"] == "succeeded", info
+    return done
+
+
+def job_events(workdir: Path) -> list[dict]:
+    return [orjson.loads(line) for line in (workdir / "events.jsonl").read_text().splitlines()]

@@ -1,0 +1,66 @@
+"""Trainer replicas under a torchft quorum: kill one mid-run; the survivors go on and it heals back."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from elastic_rl import jobenv
+from tests.integration.erld_support import job_events, metrics, run_job
+
+pytestmark = [pytest.mark.integration]
+
+ROLLOUTS = 16
+
+
+def replica_job(replicas: int, tensor_parallel: int = 1) -> list[str]:
+    return [
+        "--set", f"rollout.num_rollouts={ROLLOUTS}",
+        "--set", f"trainer.replicas={replicas}",
+        "--set", f"trainer.tensor_parallel={tensor_parallel}",
+        "--set", "checkpoints.keep_last=1000",
+        # Snapshots lag the survivors, so a restarted replica catches up by healing from a peer.
+        "--set", "checkpoints.interval_rollouts=4",
+        "--set", "fault_tolerance.quorum_timeout_s=20",
+    ]  # fmt: skip
+
+
+def healed_once(workdir) -> bool:
+    return any(e["kind"] == "replica_healed" for e in job_events(workdir))
+
+
+def final_weights(workdir) -> dict[str, torch.Tensor]:
+    return load_file(str(jobenv.weights_dir(workdir, ROLLOUTS) / "model.safetensors"))
+
+
+def assert_close_relative(expected: dict, actual: dict, tolerance: float) -> None:
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        scale = expected[name].abs().max().clamp_min(1e-12)
+        error = ((expected[name] - actual[name]).abs().max() / scale).item()
+        assert error <= tolerance, (name, error)
+
+
+@pytest.mark.timeout(600)
+def test_killing_a_replica_loses_no_step(daemon, tmp_path):
+    clean, faulty = tmp_path / "clean", tmp_path / "faulty"
+    run_job(daemon, clean, replica_job(2))
+    # Replica 1, then, once it has healed back, replica 0 (the one that publishes weights).
+    killed = run_job(daemon, faulty, replica_job(2), [("trainer-1-0", 2), ("trainer-0-0", healed_once)])
+    assert killed == ["trainer-1-0", "trainer-0-0"]
+
+    assert_close_relative(final_weights(clean), final_weights(faulty), 1e-5)
+    # Every rollout trained once and published: each committed step is in the run.
+    assert [line["rollout"] for line in metrics(faulty)] == list(range(ROLLOUTS))
+    commits = re.findall(r"rollout (\d+) committed", (faulty / "logs" / "orchestrator.log").read_text())
+    assert sorted(map(int, commits)) == list(range(ROLLOUTS))
+    events = job_events(faulty)
+    kinds = Counter(e["kind"] for e in events)
+    assert kinds["replica_healed"] >= 2, kinds
+    # The survivors trained alone for a while: a quorum of one, then of two again.
+    participants = [e["participants"] for e in events if e["kind"] == "quorum_changed"]
+    assert 1 in participants and participants[-1] == 2, participants
