@@ -335,6 +335,12 @@ class JobSpec(Component):
                 f"a rollout's samples (prompts_per_rollout x n_samples_per_prompt = {per_rollout}) "
                 f"must be a multiple of trainer.global_batch_size ({gbs})"
             )
+        injection = self.fault_tolerance.inject_nan
+        if injection is not None and injection.replica is not None and injection.replica >= self.trainer.replicas:
+            raise ValueError(
+                f"fault_tolerance.inject_nan.replica ({injection.replica}) must name one of the "
+                f"{self.trainer.replicas} trainer replicas (0..{self.trainer.replicas - 1})"
+            )
         tp = self.trainer.tensor_parallel
         if self.model.num_query_groups % tp:
             raise ValueError(

@@ -5,10 +5,12 @@ holds the same inputs (they come from the cross-replica all-reduce), so every
 replica reaches the same response without talking further.
 
 - A finite step commits.
-- When some participating replicas, but not all, produced a non-finite shard,
-  another replica recomputes those shards first (``needs_recompute``). A shard
-  that is finite elsewhere convicts the device it was computed on: that
-  replica's device is quarantined and the step is redone without it.
+- A replica whose shard was non-finite recomputes it first. Finite on the
+  rerun: the fault was transient; the step is skipped.
+- A shard still non-finite is recomputed on a healthy replica, when one took
+  part (``needs_recompute_elsewhere``; Megatron's rerun idea, across replicas).
+  Finite there: the device it was computed on is at fault; that replica's
+  device is quarantined and the step is redone without it.
 - Otherwise the fault is in the data or the model: the step is skipped (redone
   as it was); after ``max_consecutive_skips`` skips in a row the trainers roll
   back to the newest snapshot and quarantine the rollout batch.
@@ -37,8 +39,14 @@ class StepHealth:
     """Replicas whose own loss or gradients were non-finite."""
     reduced_finite: bool
     """Whether the all-reduced gradients and loss were finite."""
+    transient: frozenset[int] = frozenset()
+    """Replicas whose shard came out finite when they recomputed it."""
     finite_elsewhere: frozenset[int] = frozenset()
     """Replicas whose shard, recomputed on another replica, came out finite."""
+
+    @property
+    def persistent(self) -> frozenset[int]:
+        return self.nonfinite - self.transient
 
 
 @dataclass(frozen=True)
@@ -48,9 +56,9 @@ class Decision:
     reason: str = ""
 
 
-def needs_recompute(health: StepHealth) -> bool:
-    """Recompute the bad shards on a healthy replica: only possible when one exists."""
-    return bool(health.nonfinite) and bool(health.participants - health.nonfinite)
+def needs_recompute_elsewhere(health: StepHealth) -> bool:
+    """Shards non-finite twice go to a healthy replica: only possible when one took part."""
+    return bool(health.persistent) and bool(health.participants - health.nonfinite)
 
 
 def decide(health: StepHealth, consecutive_skips: int, max_consecutive_skips: int) -> Decision:
@@ -64,6 +72,9 @@ def decide(health: StepHealth, consecutive_skips: int, max_consecutive_skips: in
             health.finite_elsewhere,
             f"replica {bad} produced non-finite values that another replica's recompute of the same shard did not",
         )
+    if health.nonfinite and not health.persistent:
+        bad = ", ".join(str(r) for r in sorted(health.nonfinite))
+        return Decision(Response.SKIP, health.nonfinite, f"transient non-finite values on replica {bad} (finite on a rerun)")
     where = (
         f"replicas {', '.join(str(r) for r in sorted(health.nonfinite))}"
         if health.nonfinite

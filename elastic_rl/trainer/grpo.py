@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from elastic_rl.model.gpt import forward_gpt
 from elastic_rl.model.vocab_parallel import entropy, token_log_probs
 from elastic_rl.rollout.batch import RolloutBatch
 from elastic_rl.trainer.nan_injection import NanInjector
-from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute
+from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere
 
 
 def lr_lambda(spec: JobSpec, total_steps: int):
@@ -254,11 +254,8 @@ class GrpoTrainer:
                 nonfinite=frozenset(r for r in range(replicas) if verdicts[r] > 0),
                 reduced_finite=bool(flat.isfinite().all()),
             )
-            if needs_recompute(health):
-                health = StepHealth(
-                    health.participants, health.nonfinite, health.reduced_finite,
-                    self._recompute_elsewhere(ctx, health, shards, verdicts, global_tokens),
-                )  # fmt: skip
+            if health.nonfinite:
+                health = self._recompute(ctx, health, shards, verdicts, global_tokens, global_step)
             decision = decide(health, self.consecutive_skips, spec.fault_tolerance.max_consecutive_nan_skips)
             if decision.response is not Response.COMMIT:
                 self.manager.report_error(NonFiniteStep(decision.reason))
@@ -281,21 +278,32 @@ class GrpoTrainer:
         return StepOutcome(committed, decision, leader=rank == 0)
 
     @torch.no_grad()
-    def _recompute_elsewhere(
+    def _recompute(
         self, ctx: RolloutContext, health: StepHealth, shards: tuple[torch.Tensor, ...], verdicts: torch.Tensor,
-        global_tokens: int,
-    ) -> frozenset[int]:
-        """The lowest healthy replica recomputes each bad replica's shard; which came out finite."""
+        global_tokens: int, global_step: int,
+    ) -> StepHealth:
+        """Rerun each non-finite shard on its own replica, then the persistent ones on a healthy replica."""
         replicas = self.spec.trainer.replicas
-        checker = min(health.participants - health.nonfinite)
-        finite = torch.zeros(replicas)
-        if self.replica == checker:
-            for bad in health.nonfinite:
-                shard = shards[int(verdicts[replicas + bad].item()) - 1]
-                sums = self._shard_loss(ctx, shard, global_tokens, poison=False, backward=False)
-                finite[bad] = 1.0 if bool(sums.isfinite().all()) else 0.0
-        self.manager.allreduce(finite, reduce_op=torch.distributed.ReduceOp.SUM).wait()
-        return frozenset(r for r in range(replicas) if finite[r] > 0)
+
+        def finite_on(shard_owner: int) -> float:
+            shard = shards[int(verdicts[replicas + shard_owner].item()) - 1]
+            poison = self.injector is not None and self.injector.poison(global_step)
+            sums = self._shard_loss(ctx, shard, global_tokens, poison, backward=False)
+            return 1.0 if bool(sums.isfinite().all()) else 0.0
+
+        rerun = torch.zeros(replicas)
+        if self.replica in health.nonfinite:
+            rerun[self.replica] = finite_on(self.replica)
+        self.manager.allreduce(rerun, reduce_op=torch.distributed.ReduceOp.SUM).wait()
+        health = replace(health, transient=frozenset(r for r in range(replicas) if rerun[r] > 0))
+        if not needs_recompute_elsewhere(health):
+            return health
+        elsewhere = torch.zeros(replicas)
+        if self.replica == min(health.participants - health.nonfinite):
+            for bad in health.persistent:
+                elsewhere[bad] = finite_on(bad)
+        self.manager.allreduce(elsewhere, reduce_op=torch.distributed.ReduceOp.SUM).wait()
+        return replace(health, finite_elsewhere=frozenset(r for r in range(replicas) if elsewhere[r] > 0))
 
     def rollout_metrics(self, ctx: RolloutContext) -> dict[str, float]:
         result = {f"train/{name}": value for name, value in ctx.metrics.means().items()}
