@@ -23,8 +23,6 @@ import argparse
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,8 +31,9 @@ from statistics import mean, median
 
 import orjson
 
-REPO = Path(__file__).resolve().parent.parent
-SPEC = REPO / "examples" / "tiny-grpo.yaml"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import SPEC, erl, job_status, running_daemon  # noqa: E402
+
 MODELS = {
     "tiny": [],
     "50m": [
@@ -44,22 +43,6 @@ MODELS = {
         "--set", "trainer.micro_batch_size=32",
     ],
 }  # fmt: skip
-
-
-def erl(*args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "elastic_rl.cli", *args], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def job_status(endpoint: str) -> dict:
-    return orjson.loads(erl("status", "tiny-grpo", "-o", "json", "--etcd", endpoint))
 
 
 def run(model: str, rollouts: int, kill_at: int, root: Path, endpoint: str) -> dict[str, float]:
@@ -115,21 +98,10 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=8)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="erl-bench-"))
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(root / "erld"),
-         "--etcd-port", str(port), "--cpu-devices", "4"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        time.sleep(5)
+    with running_daemon(root, cpu_devices=4) as endpoint:
         for model in args.models:
             result = run(model, args.rollouts, kill_at=args.rollouts // 2, root=root, endpoint=endpoint)
             print(orjson.dumps({"model": model, **{k: round(v, 4) for k, v in result.items()}}).decode(), flush=True)
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=120)
 
 
 if __name__ == "__main__":

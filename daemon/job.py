@@ -11,7 +11,9 @@ when the orchestrator exits 0 the job has succeeded.
 
 A trainer replica lives and dies as a group: when one rank exits, the other
 ranks of its replica (stuck in their tensor-parallel collectives) are killed
-and the replica restarts whole, then heals from a peer. Two trainer exit codes
+and the replica restarts whole, then heals from a peer, or an idle warm spare
+(``fault_tolerance.warm_spares``: trainer processes with the model built,
+waiting) takes its place at once and a new spare starts. Two trainer exit codes
 are requests: a rollback (restart at once) and a quarantined device (the
 device is marked failed and the replica moves to a free one, or the job runs
 on without it). Engines are watched through ``/health_generate``
@@ -33,11 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psutil
 
 from elastic_rl.events import EventLog
 from daemon.notify import child_environment
 from elastic_rl import jobenv
+from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.launcher import engine_command
@@ -60,7 +64,8 @@ class ProcPlan:
     env: dict[str, str]
     port: int | None = None
     device: int | None = None
-    replica: int | None = None
+    group: str | None = None
+    """Trainer ranks that live and die together: "replica-<k>" or "spare-<s>"."""
 
 
 @dataclass
@@ -75,7 +80,8 @@ class ProcRecord:
 
 
 def devices_needed(spec: JobSpec) -> int:
-    return spec.engines.count + spec.trainer.replicas * spec.trainer.tensor_parallel
+    trainer_groups = spec.trainer.replicas + spec.fault_tolerance.warm_spares
+    return spec.engines.count + trainer_groups * spec.trainer.tensor_parallel
 
 
 class JobFailed(ElasticRLError):
@@ -150,13 +156,15 @@ class JobRunner:
         ]
         for index in range(spec.engines.count):
             plans.append(self._engine_plan(index, next(devices), shared))
-        for replica in range(spec.trainer.replicas):
+        groups = [("trainer", replica, {jobenv.REPLICA: str(replica)}) for replica in range(spec.trainer.replicas)]
+        groups += [("spare", spare, {jobenv.SPARE: str(spare)}) for spare in range(spec.fault_tolerance.warm_spares)]
+        for role, index, identity in groups:
             master_port = free_port()
             for rank in range(spec.trainer.tensor_parallel):
                 device = next(devices)
                 env = {
                     **shared,
-                    jobenv.REPLICA: str(replica),
+                    **identity,
                     jobenv.DEVICE: str(device),
                     "RANK": str(rank),
                     "LOCAL_RANK": str(rank),
@@ -165,9 +173,8 @@ class JobRunner:
                     "MASTER_PORT": str(master_port),
                 }
                 command = [sys.executable, "-m", "elastic_rl.trainer.main"]
-                plans.append(
-                    ProcPlan(f"trainer-{replica}-{rank}", "trainer", command, env, device=device, replica=replica)
-                )
+                group = f"{'replica' if role == 'trainer' else 'spare'}-{index}"
+                plans.append(ProcPlan(f"{role}-{index}-{rank}", role, command, env, device=device, group=group))
         plans.append(
             ProcPlan("router", "router", router_command(router_port, free_port()), shared, port=router_port)
         )
@@ -201,7 +208,10 @@ class JobRunner:
         An erld killed between starting a process and saving its state leaves such
         an orphan behind; it would hold the port its replacement needs.
         """
+        known = {record.pid for record in self.procs.values()}
         for process in psutil.process_iter(["pid"]):
+            if process.pid in known:
+                continue  # a promoted warm spare keeps the name it started with
             try:
                 environ = process.environ()
             except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -216,6 +226,8 @@ class JobRunner:
     def _spawn(self, record: ProcRecord) -> None:
         plan = record.plan
         self._kill_strays(plan.name)
+        if plan.role == "spare":
+            jobenv.spare_assignment_path(self.workdir, plan.group).unlink(missing_ok=True)
         log_path = self.workdir / "logs" / f"{plan.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log_file:
@@ -398,8 +410,11 @@ class JobRunner:
         if record.plan.role == "engine":
             # Out of the router at once, so no new request goes to a dead engine.
             await self._unregister_engine(record)
-        if record.plan.role == "trainer":
+        if record.plan.role in ("trainer", "spare"):
             await self._stop_replica_partners(record)
+        if record.plan.role == "trainer" and record.exit_code != jobenv.EXIT_ROLLBACK:
+            if await self._promote_spare(record):
+                return
             if record.exit_code == jobenv.EXIT_DEVICE_QUARANTINED:
                 await self._move_replica(record)
                 return
@@ -421,9 +436,58 @@ class JobRunner:
         await self._publish(record)
 
     def _replica_ranks(self, record: ProcRecord) -> list[ProcRecord]:
-        return [
-            r for r in self.procs.values() if r.plan.role == "trainer" and r.plan.replica == record.plan.replica
-        ]
+        return sorted((r for r in self.procs.values() if r.plan.group == record.plan.group), key=lambda r: r.plan.name)
+
+    async def _mark_failed(self, devices: list[int]) -> None:
+        for device in devices:
+            await self.store.put(keys.device(self.node, device), {"kind": "cpu", "state": "failed"}, lease=self.lease)
+
+    async def _promote_spare(self, record: ProcRecord) -> bool:
+        """A dead replica's place goes to an idle warm spare: it only has to join the quorum and heal.
+
+        The spare's processes become the replica's ranks (their records take the
+        spare's pids and devices); a new spare starts on the dead replica's devices,
+        unless they were quarantined.
+        """
+        spare = next(
+            (r for r in self.procs.values() if r.plan.role == "spare" and r.state == "running"
+             and all(p.state == "running" for p in self._replica_ranks(r))),
+            None,
+        )  # fmt: skip
+        if spare is None:
+            return False
+        replica = int(record.plan.group.rsplit("-", 1)[1])
+        ranks, spares = self._replica_ranks(record), self._replica_ranks(spare)
+        freed = [r.plan.device for r in ranks]
+        if record.exit_code == jobenv.EXIT_DEVICE_QUARANTINED:
+            await self._mark_failed(freed)
+            await self._release_devices(freed)
+        write_file_atomic(jobenv.spare_assignment_path(self.workdir, spare.plan.group), orjson.dumps({"replica": replica}))
+        for rank, taker in zip(ranks, spares):
+            # The records swap devices and rendezvous ports: each names what its process holds.
+            device, port = taker.plan.device, taker.plan.env["MASTER_PORT"]
+            taker.plan.env = {**taker.plan.env, "MASTER_PORT": rank.plan.env["MASTER_PORT"]}
+            rank.plan.device = device
+            rank.plan.env = {**rank.plan.env, jobenv.DEVICE: str(device), "MASTER_PORT": port}
+            rank.pid, rank.create_time, rank.state, rank.restart_at = taker.pid, taker.create_time, "running", None
+            if taker.plan.name in self.children:
+                self.children[rank.plan.name] = self.children.pop(taker.plan.name)
+            else:
+                self.children.pop(rank.plan.name, None)
+            await self._publish(rank)
+            taker.pid, taker.create_time = None, None
+            if record.exit_code == jobenv.EXIT_DEVICE_QUARANTINED:
+                taker.state = "quarantined"  # its device went with the failed replica's: no new spare
+            else:
+                taker.plan.device = rank_device = freed.pop(0)
+                taker.plan.env = {**taker.plan.env, jobenv.DEVICE: str(rank_device)}
+                taker.state, taker.restart_at = "restarting", time.time()
+            await self._publish(taker)
+        await self.events.emit(
+            "spare_promoted", f"{spare.plan.group} takes the place of replica {replica}", proc=record.plan.name,
+            device=record.plan.device,
+        )  # fmt: skip
+        return True
 
     async def _stop_replica_partners(self, record: ProcRecord) -> None:
         """The other ranks of a dead rank's replica cannot go on: kill them; they restart with it."""
@@ -439,8 +503,7 @@ class JobRunner:
         """A quarantined device: mark it failed; restart the replica on free devices, or run without it."""
         ranks = self._replica_ranks(record)
         failed = sorted({r.plan.device for r in ranks if r.plan.device is not None})
-        for device in failed:
-            await self.store.put(keys.device(self.node, device), {"kind": "cpu", "state": "failed"}, lease=self.lease)
+        await self._mark_failed(failed)
         replacements = await self._claim_devices(len(ranks), release=failed)
         if replacements is None:
             for rank in ranks:
@@ -448,7 +511,7 @@ class JobRunner:
                 await self._publish(rank)
             await self.events.emit(
                 "replica_degraded", f"devices {failed} failed and no free device: the job runs on without replica "
-                f"{record.plan.replica}", proc=record.plan.name,
+                f"{record.plan.group}", proc=record.plan.name,
             )  # fmt: skip
             return
         for rank, device in zip(ranks, replacements):
@@ -458,7 +521,7 @@ class JobRunner:
             rank.restart_at = time.time()
             await self._publish(rank)
         await self.events.emit(
-            "replica_moved", f"devices {failed} failed; replica {record.plan.replica} restarts on {replacements}",
+            "replica_moved", f"devices {failed} failed; {record.plan.group} restarts on {replacements}",
             proc=record.plan.name,
         )  # fmt: skip
 

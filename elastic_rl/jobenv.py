@@ -26,6 +26,7 @@ ROUTER_URL = "ERL_ROUTER_URL"
 LIGHTHOUSE_URL = "ERL_LIGHTHOUSE_URL"
 REPLICA = "ERL_REPLICA"
 DEVICE = "ERL_DEVICE"
+SPARE = "ERL_SPARE"
 
 # Trainer exit codes that erld reads as requests rather than crashes.
 EXIT_ROLLBACK = 75
@@ -100,3 +101,8 @@ def quarantined_rollouts(workdir: Path) -> set[int]:
     if not folder.is_dir():
         return set()
     return {int(p.stem.removeprefix("rollout-")) for p in folder.glob("rollout-*.json")}
+
+
+def spare_assignment_path(workdir: Path, spare_group: str) -> Path:
+    """erld writes {"replica": k} here when a warm spare takes replica k's place."""
+    return workdir / "spares" / f"{spare_group}.json"

@@ -62,6 +62,7 @@ log = logging.getLogger("elastic_rl.trainer")
 IMPORTS_DONE = time.time()
 
 POLL_INTERVAL_S = 0.05
+SPARE_POLL_INTERVAL_S = 0.01
 
 
 class StopRequest:
@@ -86,19 +87,29 @@ def wait_for_rollout(workdir: Path, rollout_id: int, stop: StopRequest, publishe
     return True
 
 
+def wait_for_assignment(workdir: Path, spare_group: str, stop: StopRequest) -> int | None:
+    """Wait as a warm spare until erld assigns a replica; None if a stop came first."""
+    path = jobenv.spare_assignment_path(workdir, spare_group)
+    log.info("warm spare %s ready", spare_group)
+    while not path.is_file():
+        if stop.requested:
+            return None
+        time.sleep(SPARE_POLL_INTERVAL_S)
+    return int(orjson.loads(path.read_bytes())["replica"])
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     env = jobenv.JobEnv.from_environ()
     spec, workdir = env.spec, env.workdir
     tp = spec.trainer.tensor_parallel
-    replica = int(os.environ.get(jobenv.REPLICA, "0"))
     device = os.environ.get(jobenv.DEVICE)
+    stop = StopRequest()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
 
     init_model_parallel(tp, spec.seed)
     rank = torch.distributed.get_rank()
-    proc = f"trainer-{replica}-{rank}"
     tokenizer = load_tokenizer(spec.model.tokenizer)
     vocab_size = padded_vocab_size(tokenizer)
     model = build_gpt(spec.model, vocab_size, tp)
@@ -115,6 +126,17 @@ def main() -> None:
     steps_per_rollout = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
     total_steps = spec.rollout.num_rollouts * steps_per_rollout
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, total_steps))
+
+    spare = os.environ.get(jobenv.SPARE)
+    if spare is None:
+        replica = int(os.environ.get(jobenv.REPLICA, "0"))
+    else:
+        # A warm spare: imports done, model built; it becomes a replica when erld says which.
+        replica = wait_for_assignment(workdir, f"spare-{spare}", stop)
+        if replica is None:
+            return
+        promoted = time.monotonic()
+    proc = f"trainer-{replica}-{rank}"
 
     context: RolloutContext | None = None
     healed: dict = {}
@@ -177,7 +199,6 @@ def main() -> None:
     )  # fmt: skip
     publisher = RolloutPublisher(spec, workdir, model, vocab_size, tokenizer)
     spec_hash = jobenv.spec_hash(spec)
-    stop = StopRequest()
     # The rollouts already committed when the trainer starts are a replay (a resume).
     replay_end = max(jobenv.committed_rollouts(workdir), default=-1)
     replay_started = time.monotonic()
@@ -212,6 +233,9 @@ def main() -> None:
                 rollout_id, read_rollout(workdir, rollout_id)[0], peer if peer and peer["rollout_id"] == rollout_id else None
             )
             log.info("healed from a peer at step %d (rollout %d)", position, rollout_id)
+            if spare is not None and not trained_any:
+                log.info("warm spare %s joined as replica %d %.3fs after its assignment", spare, replica,
+                         time.monotonic() - promoted)  # fmt: skip
             emit_event("replica_healed", f"took a peer's state at step {position}", proc, device=device, step=position)
         elif snapshot is not None:
             load_started = time.monotonic()

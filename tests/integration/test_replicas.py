@@ -17,8 +17,9 @@ pytestmark = [pytest.mark.integration]
 ROLLOUTS = 16
 
 
-def replica_job(replicas: int, tensor_parallel: int = 1) -> list[str]:
+def replica_job(replicas: int, tensor_parallel: int = 1, warm_spares: int = 0) -> list[str]:
     return [
+        "--set", f"fault_tolerance.warm_spares={warm_spares}",
         "--set", f"rollout.num_rollouts={ROLLOUTS}",
         "--set", f"trainer.replicas={replicas}",
         "--set", f"trainer.tensor_parallel={tensor_parallel}",
@@ -47,7 +48,7 @@ def assert_close_relative(expected: dict, actual: dict, tolerance: float) -> Non
 
 @pytest.mark.timeout(600)
 def test_killing_a_replica_loses_no_step(daemon, tmp_path):
-    clean, faulty = tmp_path / "clean", tmp_path / "faulty"
+    clean, faulty, spared = tmp_path / "clean", tmp_path / "faulty", tmp_path / "spared"
     run_job(daemon, clean, replica_job(2))
     # Replica 1, then, once it has healed back, replica 0 (the one that publishes weights).
     killed = run_job(daemon, faulty, replica_job(2), [("trainer-1-0", 2), ("trainer-0-0", healed_once)])
@@ -64,3 +65,15 @@ def test_killing_a_replica_loses_no_step(daemon, tmp_path):
     # The survivors trained alone for a while: a quorum of one, then of two again.
     participants = [e["participants"] for e in events if e["kind"] == "quorum_changed"]
     assert 1 in participants and participants[-1] == 2, participants
+
+    # With a warm spare: it takes the dead replica's place, heals, and a new spare starts.
+    killed = run_job(daemon, spared, replica_job(2, warm_spares=1), [("trainer-1-0", 2)])
+    assert killed == ["trainer-1-0"]
+    assert_close_relative(final_weights(clean), final_weights(spared), 1e-5)
+    assert [line["rollout"] for line in metrics(spared)] == list(range(ROLLOUTS))
+    events = job_events(spared)
+    promoted = [e for e in events if e["kind"] == "spare_promoted"]
+    assert len(promoted) == 1 and promoted[0]["proc"] == "trainer-1-0"
+    assert any(e["kind"] == "replica_healed" and e["proc"] == "trainer-1-0" and e["time"] > promoted[0]["time"]
+               for e in events)  # fmt: skip
+    assert any(e["kind"] == "proc_restarted" and e["proc"] == "spare-0-0" for e in events)
