@@ -12,9 +12,10 @@ the job's events and the processes' own logs it reports:
   the kill to its next committed step, next to the heartbeat timeout and the
   median step time (target: stall <= heartbeat timeout + one step);
 - rejoin, cold and warm: from erld noticing the death to the new replica
-  asking the lighthouse for a quorum ("ready"), and to it having healed from
-  a peer ("joined"; this includes waiting for the survivors' next step, which
-  in this job follows the next rollout's generation);
+  asking the lighthouse for a quorum ("ready"), and to it being in one
+  ("joined": healed from a peer if it was behind; this includes waiting for
+  the survivors' next step, which in this job follows the next rollout's
+  generation);
 - engine failure detection: from the fault to erld's verdict (health-check
   timeout for the hang, process exit for the kill), and until the
   replacement serves (registered with the router), next to interval + timeout.
@@ -72,20 +73,18 @@ def survivor_stalls(workdir: Path, kills: list[float]) -> list[float]:
 
 
 def rejoins(workdir: Path) -> list[dict[str, float]]:
-    """For each replica-1 death: noticed -> ready (asks for a quorum) -> joined (healed)."""
-    found = events(workdir)
-    deaths = [e["time"] for e in found if e["kind"] == "proc_exited" and e["proc"] == "trainer-1-0"]
-    healed = [e["time"] for e in found if e["kind"] == "replica_healed" and e["proc"] == "trainer-1-0"]
-    starts = []
+    """For each replica-1 death: noticed -> ready (asks for a quorum) -> joined (in a quorum, healed if behind)."""
+    deaths = [e["time"] for e in events(workdir) if e["kind"] == "proc_exited" and e["proc"] == "trainer-1-0"]
+    asked, joined = [], []
     for log in sorted((workdir / "logs").glob("*.log")):
         if log.name.startswith(("trainer-1-", "spare-")):
-            starts += [t for t, line in log_lines(log) if "Start quorum" in line]
-    result = []
-    for death in deaths:
-        ready = min(t for t in starts if t > death)
-        joined = min(t for t in healed if t > death)
-        result.append({"ready_s": ready - death, "joined_s": joined - death})
-    return result
+            lines = log_lines(log)
+            asked += [t for t, line in lines if "Start quorum" in line]
+            joined += [t for t, line in lines if "Finished quorum" in line]
+    return [
+        {"ready_s": min(t for t in asked if t > death) - death, "joined_s": min(t for t in joined if t > death) - death}
+        for death in deaths
+    ]
 
 
 def engine_recovery(workdir: Path, sent: dict[str, float]) -> dict[str, float]:

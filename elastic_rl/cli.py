@@ -143,6 +143,12 @@ async def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an engine count: give a whole number, at least 1")
+    return int(text)
+
+
 async def cmd_scale(args: argparse.Namespace) -> int:
     async with Store(_endpoint(args), attempts=1) as store:
         await jobs.require_daemon(store)
@@ -373,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
         "erl scale tiny-grpo --engines 3", cmd_scale,
     )  # fmt: skip
     scale.add_argument("job")
-    scale.add_argument("--engines", type=int, required=True, metavar="N", help="the new engine count (at least 1)")
+    scale.add_argument("--engines", type=_engine_count, required=True, metavar="N", help="the new engine count (at least 1)")
 
     resume = _command(
         commands, "resume", "restart a stopped or failed job from its newest valid snapshot",

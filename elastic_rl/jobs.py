@@ -121,8 +121,6 @@ async def scale(store: Store, job_id: str, engines: int) -> int:
         raise ElasticRLError(f"no job {job_id!r}; `erl list` shows the jobs")
     if status.get("phase") in TERMINAL_PHASES:
         raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a pending or running job scales")
-    if engines < 1:
-        raise ElasticRLError(f"--engines {engines}: a job needs at least one engine")
     spec = await store.get(keys.job_spec(job_id))
     old = status.get("engines", spec["engines"]["count"])
     # The spec follows, so a resumed job keeps the new count.

@@ -109,7 +109,7 @@ def run_job(
     daemon: Daemon,
     workdir: Path,
     job_args: list[str],
-    faults: list[tuple[str, int | Callable[[Path], bool]]] = (),
+    faults: list[tuple[str | Callable[[], None], int | Callable[[Path], bool]]] = (),
     jitter=None,
     signal_number: int = signal.SIGKILL,
     timeout_s: float = 500,
@@ -118,7 +118,7 @@ def run_job(
 
     N may instead be a predicate of the work dir (e.g. "a replica has healed").
     A fault is a job process's name (sent ``signal_number``), "erld" (SIGKILLed and
-    started again) or STOP_AND_RESUME. ``jitter`` (a random.Random) delays each fault
+    started again), STOP_AND_RESUME, or any other action as a function. ``jitter`` (a random.Random) delays each fault
     by a random part of a second, so kills land anywhere in a rollout:
     mid-generation, mid-commit, mid-snapshot. Returns the faults injected.
     """
@@ -132,7 +132,10 @@ def run_job(
             fault, _ = pending.pop(0)
             if jitter is not None:
                 time.sleep(jitter.uniform(0, 0.8))
-            if fault == "erld":
+            if callable(fault):
+                fault()
+                done.append(fault.__name__)
+            elif fault == "erld":
                 daemon.process.kill()
                 daemon.process.wait(timeout=10)
                 daemon.start()

@@ -10,7 +10,7 @@ import pytest
 from safetensors.torch import load_file
 
 from elastic_rl import jobenv
-from tests.integration.erld_support import job_events, metrics, run_job
+from tests.integration.erld_support import erl, job_events, metrics, run_job, status
 
 pytestmark = [pytest.mark.integration]
 
@@ -56,3 +56,29 @@ def test_a_failed_engine_is_replaced_mid_rollout(daemon, tmp_path, sig):
         assert kinds["engine_unhealthy"] == 1, kinds
     replacement_served = generations_after_last_start((tmp_path / "logs" / "engine-0.log").read_text())
     assert replacement_served > 0
+
+
+@pytest.mark.timeout(400)
+def test_scaling_engines_of_a_running_job(daemon, tmp_path):
+    def scale_up() -> None:
+        erl("scale", "tiny-grpo", "--engines", "3", "--etcd", daemon.endpoint, check=True)
+
+    def scale_down() -> None:
+        erl("scale", "tiny-grpo", "--engines", "1", "--etcd", daemon.endpoint, check=True)
+
+    def third_engine_serving(workdir) -> bool:
+        return any(e["kind"] == "engine_serving" and e["proc"] == "engine-2" for e in job_events(workdir))
+
+    done = run_job(daemon, tmp_path, engine_job(), [(scale_up, 1), (scale_down, third_engine_serving)])
+    assert done == ["scale_up", "scale_down"]
+    assert_every_group_complete(tmp_path)
+    scaled = [e["message"] for e in job_events(tmp_path) if e["kind"] == "engines_scaled"]
+    assert scaled == ["2 -> 3 engines", "3 -> 1 engines"]
+    # The added engine took requests; after the scale-down one engine is left.
+    assert generations_after_last_start((tmp_path / "logs" / "engine-2.log").read_text()) > 0
+    procs = status(daemon, "tiny-grpo")["procs"]
+    assert [name for name in procs if name.startswith("engine")] == ["engine-0"]
+    finished = erl("scale", "tiny-grpo", "--engines", "2", "--etcd", daemon.endpoint)
+    assert finished.returncode == 1 and "only a pending or running job scales" in finished.stderr
+    invalid = erl("scale", "tiny-grpo", "--engines", "0", "--etcd", daemon.endpoint)
+    assert invalid.returncode == 2 and "--engines" in invalid.stderr
