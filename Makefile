@@ -34,9 +34,10 @@ demo: setup
 test: setup
 	$(PY) -m pytest
 
-# The long chaos runs: five rounds of random kills, each checked against a fault-free run.
+# The long chaos runs, each checked against a fault-free run: five rounds of random kills of job
+# processes and erld, and replica kills with three replicas and with tensor-parallel replicas.
 chaos: setup
-	$(PY) -m pytest -m chaos tests/integration/test_resume.py
+	$(PY) -m pytest -m chaos tests/integration/test_resume.py tests/integration/test_replicas.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

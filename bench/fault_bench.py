@@ -74,7 +74,10 @@ def survivor_stalls(workdir: Path, kills: list[float]) -> list[float]:
 
 def rejoins(workdir: Path) -> list[dict[str, float]]:
     """For each replica-1 death: noticed -> ready (asks for a quorum) -> joined (in a quorum, healed if behind)."""
-    deaths = [e["time"] for e in events(workdir) if e["kind"] == "proc_exited" and e["proc"] == "trainer-1-0"]
+    deaths = [
+        e["time"] for e in events(workdir)
+        if e["kind"] == "proc_exited" and e["proc"] == "trainer-1-0" and e["exit_code"] < 0  # the SIGKILLs
+    ]  # fmt: skip
     asked, joined = [], []
     for log in sorted((workdir / "logs").glob("*.log")):
         if log.name.startswith(("trainer-1-", "spare-")):

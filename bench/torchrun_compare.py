@@ -61,12 +61,12 @@ def run_torchrun(workdir: Path, steps: int, snapshot_every: int, kills: list[int
     return time.monotonic() - started
 
 
-def run_torchft(workdir: Path, steps: int, kills: list[int]) -> float:
+def run_torchft(workdir: Path, steps: int, kills: list[int], heartbeat_timeout_ms: int) -> float:
     workdir.mkdir(parents=True)
     lighthouse_port = free_port()
     lighthouse = subprocess.Popen(
         [str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas", "1",
-         "--bind", f"127.0.0.1:{lighthouse_port}", "--join_timeout_ms", "100", "--heartbeat_timeout_ms", "1000"],
+         "--bind", f"127.0.0.1:{lighthouse_port}", "--join_timeout_ms", "100", "--heartbeat_timeout_ms", str(heartbeat_timeout_ms)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -96,13 +96,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--snapshot-every", type=int, default=10)
     parser.add_argument("--kills", type=int, nargs="+", default=[15, 40])
+    parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000, help="the lighthouse's (the spec default)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="erl-torchrun-bench-"))
     times = {
         "torchrun_clean_s": run_torchrun(root / "tr-clean", args.steps, args.snapshot_every, []),
         "torchrun_faulty_s": run_torchrun(root / "tr-faulty", args.steps, args.snapshot_every, args.kills),
-        "torchft_clean_s": run_torchft(root / "ft-clean", args.steps, []),
-        "torchft_faulty_s": run_torchft(root / "ft-faulty", args.steps, args.kills),
+        "torchft_clean_s": run_torchft(root / "ft-clean", args.steps, [], args.heartbeat_timeout_ms),
+        "torchft_faulty_s": run_torchft(root / "ft-faulty", args.steps, args.kills, args.heartbeat_timeout_ms),
     }
     kills = len(args.kills)
     lost_torchrun = (times["torchrun_faulty_s"] - times["torchrun_clean_s"]) / kills
@@ -110,6 +111,7 @@ def main() -> None:
     report = {
         **{k: round(v, 2) for k, v in times.items()},
         "steps": args.steps, "snapshot_every": args.snapshot_every, "kills_at": args.kills,
+        "heartbeat_timeout_ms": args.heartbeat_timeout_ms,
         "lost_per_kill_torchrun_s": round(lost_torchrun, 2),
         "lost_per_kill_elastic_rl_s": round(lost_torchft, 2),
         "ratio": round(lost_torchft / lost_torchrun, 3),

@@ -403,6 +403,11 @@ class JobRunner:
             self.outcome = "succeeded"
             await self.events.emit("job_succeeded", "every rollout trained")
             return
+        if record.plan.role in ("trainer", "spare") and record.exit_code == 0:
+            # Done: every rollout trained. The orchestrator's exit settles the job.
+            record.state = "exited"
+            await self._publish(record)
+            return
         await self.events.emit(
             "proc_exited", f"exit code {record.exit_code}; see logs/{name}.log", proc=name,
             exit_code=record.exit_code, device=record.plan.device,

@@ -40,7 +40,7 @@ class Daemon:
         log = open(self.state_dir / "erld-test.log", "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(self.state_dir),
-             "--etcd-port", str(self.port), "--cpu-devices", "6", "--node", "test-node"],
+             "--etcd-port", str(self.port), "--cpu-devices", "8", "--node", "test-node"],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 

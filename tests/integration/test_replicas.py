@@ -77,3 +77,21 @@ def test_killing_a_replica_loses_no_step(daemon, tmp_path):
     assert any(e["kind"] == "replica_healed" and e["proc"] == "trainer-1-0" and e["time"] > promoted[0]["time"]
                for e in events)  # fmt: skip
     assert any(e["kind"] == "proc_restarted" and e["proc"] == "spare-0-0" for e in events)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("replicas, tensor_parallel", [(3, 1), (2, 2), (3, 2)])
+def test_killing_a_replica_of_any_shape_loses_no_step(daemon, tmp_path, replicas, tensor_parallel):
+    """`make chaos`: three replicas, and tensor-parallel replicas (a dead rank takes its replica down)."""
+    clean, faulty = tmp_path / "clean", tmp_path / "faulty"
+    job = replica_job(replicas, tensor_parallel)
+    run_job(daemon, clean, job, timeout_s=800)
+    victim = f"trainer-1-{tensor_parallel - 1}"
+    killed = run_job(daemon, faulty, job, [(victim, 2)], timeout_s=800)
+    assert killed == [victim]
+    assert_close_relative(final_weights(clean), final_weights(faulty), 1e-5)
+    assert [line["rollout"] for line in metrics(faulty)] == list(range(ROLLOUTS))
+    events = job_events(faulty)
+    assert any(e["kind"] == "replica_healed" and e["proc"].startswith("trainer-1-") for e in events)
+    assert [e["participants"] for e in events if e["kind"] == "quorum_changed"][-1] == replicas
