@@ -2,6 +2,7 @@
 
     torchrun ... bench/steps_worker.py torchrun WORKDIR STEPS SNAPSHOT_EVERY
     python bench/steps_worker.py torchft WORKDIR STEPS REPLICA LIGHTHOUSE_URL STORE_PORT
+    python bench/steps_worker.py torchft WORKDIR STEPS spare-N LIGHTHOUSE_URL STORE_PORT
 
 Each step trains the tiny example model on a synthetic rollout batch that
 depends only on the step number, so both modes do the same work.
@@ -10,6 +11,8 @@ depends only on the step number, so both modes do the same work.
   every SNAPSHOT_EVERY steps; a started worker loads the newest one. When a
   worker dies, torchrun restarts every worker, which resume from it.
 - torchft: one replica under a Manager; a restarted replica heals from a peer.
+  As ``spare-N`` it builds everything first, then waits for WORKDIR/assign-N
+  (which holds the replica number) before it joins: a warm spare.
 
 Every worker appends "<step> <time>" to WORKDIR/progress-<id> after each step.
 """
@@ -121,15 +124,22 @@ def run_torchrun(spec, workdir: Path, steps: int, snapshot_every: int) -> None:
             write_file_atomic(snapshot, buffer.read_bytes())
 
 
-def run_torchft(spec, workdir: Path, steps: int, replica: int, lighthouse: str, store_port: int) -> None:
+def run_torchft(spec, workdir: Path, steps: int, identity: str, lighthouse: str, store_port: int) -> None:
     from torchft import Manager, ProcessGroupGloo
 
     from elastic_rl.trainer.heal_transport import LoopbackTransport
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port))
     init_model_parallel(1, spec.seed, init_method=f"tcp://127.0.0.1:{store_port}")
-    (workdir / f"pid-replica{replica}").write_text(str(os.getpid()))
     model, optimizer, scheduler = build(spec)
+    if identity.startswith("spare-"):
+        assignment = workdir / f"assign-{identity.removeprefix('spare-')}"
+        while not assignment.exists():
+            time.sleep(0.01)
+        replica = int(assignment.read_text())
+    else:
+        replica = int(identity)
+    (workdir / f"pid-replica{replica}").write_text(str(os.getpid()))
     timeout = timedelta(seconds=30)
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
@@ -159,7 +169,7 @@ def main() -> None:
     if mode == "torchrun":
         run_torchrun(spec, workdir, steps, int(sys.argv[4]))
     else:
-        run_torchft(spec, workdir, steps, int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
+        run_torchft(spec, workdir, steps, sys.argv[4], sys.argv[5], int(sys.argv[6]))
 
 
 if __name__ == "__main__":

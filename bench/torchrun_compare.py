@@ -42,8 +42,24 @@ def kill_on_schedule(workdir: Path, watch: str, target_pid_file: str, kills: lis
         while steps_done(workdir, watch) < step:
             time.sleep(0.01)
         os.kill(int((workdir / target_pid_file).read_text()), signal.SIGKILL)
+        with open(workdir / "kills", "a") as record:
+            record.write(f"{steps_done(workdir, watch)} {time.time()}\n")
         if on_kill is not None:
             on_kill()
+
+
+def recoveries(workdir: Path, watch: str) -> list[float]:
+    """Per kill: from the kill until the watched worker finishes, again, the step after the one it was at,
+    less one ordinary step. torchrun's includes the restart and the steps redone since the snapshot."""
+    records = [(int(step), float(t)) for step, t in (line.split() for line in (workdir / f"progress-{watch}").open())]
+    gaps = sorted(b - a for (_, a), (_, b) in zip(records, records[1:]))
+    step_time = gaps[len(gaps) // 2]
+    result = []
+    for line in (workdir / "kills").read_text().splitlines():
+        reached, killed = int(line.split()[0]), float(line.split()[1])
+        back = min(t for step, t in records if t > killed and step >= reached)
+        result.append(back - killed - step_time)
+    return result
 
 
 def run_torchrun(workdir: Path, steps: int, snapshot_every: int, kills: list[int]) -> float:
@@ -61,7 +77,7 @@ def run_torchrun(workdir: Path, steps: int, snapshot_every: int, kills: list[int
     return time.monotonic() - started
 
 
-def run_torchft(workdir: Path, steps: int, kills: list[int], heartbeat_timeout_ms: int) -> float:
+def run_torchft(workdir: Path, steps: int, kills: list[int], heartbeat_timeout_ms: int, warm: bool) -> float:
     workdir.mkdir(parents=True)
     lighthouse_port = free_port()
     lighthouse = subprocess.Popen(
@@ -70,22 +86,39 @@ def run_torchft(workdir: Path, steps: int, kills: list[int], heartbeat_timeout_m
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
-    def replica(index: int) -> subprocess.Popen:
+    def replica(identity: str) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, str(WORKER), "torchft", str(workdir), str(steps), str(index),
+            [sys.executable, str(WORKER), "torchft", str(workdir), str(steps), identity,
              f"http://127.0.0.1:{lighthouse_port}", str(free_port())],
             cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
-            stdout=open(workdir / f"replica{index}.log", "ab"), stderr=subprocess.STDOUT,
+            stdout=open(workdir / f"{identity}.log", "ab"), stderr=subprocess.STDOUT,
         )  # fmt: skip
 
+    spares = iter(range(len(kills) + 1))
+
+    def start_spare() -> None:
+        replicas.append(replica(f"spare-{next(spares)}"))
+
+    def replace_killed() -> None:
+        # erld's part, done here: a warm spare takes the place (and a new one starts), or a cold restart.
+        if warm:
+            (workdir / f"assign-{len(replicas) - 3}").write_text("1")
+            start_spare()
+        else:
+            replicas.append(replica("1"))
+
+    replicas = [replica("0"), replica("1")]
+    if warm:
+        start_spare()
+        while not (workdir / "progress-replica0").exists():
+            time.sleep(0.05)  # the spare is built while the replicas start; time from here
     started = time.monotonic()
-    replicas = [replica(0), replica(1)]
-    # erld's part, done here: restart the killed replica at once.
-    kill_on_schedule(workdir, "replica0", "pid-replica1", kills, on_kill=lambda: replicas.append(replica(1)))
+    kill_on_schedule(workdir, "replica0", "pid-replica1", kills, on_kill=replace_killed)
     assert replicas[0].wait(timeout=600) == 0, "replica 0 failed"
     elapsed = time.monotonic() - started
     for process in replicas[1:]:
-        process.wait(timeout=60)
+        process.kill()  # the other replica is done or nearly; a spare is still waiting
+        process.wait()
     lighthouse.kill()
     lighthouse.wait()
     return elapsed
@@ -97,24 +130,33 @@ def main() -> None:
     parser.add_argument("--snapshot-every", type=int, default=10)
     parser.add_argument("--kills", type=int, nargs="+", default=[15, 40])
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000, help="the lighthouse's (the spec default)")
+    parser.add_argument("--warm-spare", action="store_true", help="a killed replica's place goes to a warm spare")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="erl-torchrun-bench-"))
     times = {
         "torchrun_clean_s": run_torchrun(root / "tr-clean", args.steps, args.snapshot_every, []),
         "torchrun_faulty_s": run_torchrun(root / "tr-faulty", args.steps, args.snapshot_every, args.kills),
-        "torchft_clean_s": run_torchft(root / "ft-clean", args.steps, [], args.heartbeat_timeout_ms),
-        "torchft_faulty_s": run_torchft(root / "ft-faulty", args.steps, args.kills, args.heartbeat_timeout_ms),
+        "torchft_clean_s": run_torchft(root / "ft-clean", args.steps, [], args.heartbeat_timeout_ms, args.warm_spare),
+        "torchft_faulty_s": run_torchft(
+            root / "ft-faulty", args.steps, args.kills, args.heartbeat_timeout_ms, args.warm_spare
+        ),
     }
+    recovered = {
+        "torchrun": recoveries(root / "tr-faulty", "rank0"), "elastic_rl": recoveries(root / "ft-faulty", "replica0"),
+    }  # fmt: skip
     kills = len(args.kills)
     lost_torchrun = (times["torchrun_faulty_s"] - times["torchrun_clean_s"]) / kills
     lost_torchft = (times["torchft_faulty_s"] - times["torchft_clean_s"]) / kills
     report = {
         **{k: round(v, 2) for k, v in times.items()},
         "steps": args.steps, "snapshot_every": args.snapshot_every, "kills_at": args.kills,
-        "heartbeat_timeout_ms": args.heartbeat_timeout_ms,
+        "heartbeat_timeout_ms": args.heartbeat_timeout_ms, "warm_spare": args.warm_spare,
         "lost_per_kill_torchrun_s": round(lost_torchrun, 2),
         "lost_per_kill_elastic_rl_s": round(lost_torchft, 2),
         "ratio": round(lost_torchft / lost_torchrun, 3),
+        "recovery_per_kill_torchrun_s": [round(r, 2) for r in recovered["torchrun"]],
+        "recovery_per_kill_elastic_rl_s": [round(r, 2) for r in recovered["elastic_rl"]],
+        "recovery_ratio": round(sum(recovered["elastic_rl"]) / sum(recovered["torchrun"]), 3),
     }  # fmt: skip
     print(orjson.dumps(report).decode(), flush=True)
 
