@@ -151,3 +151,13 @@ def test_reward_must_be_builtin_or_module_function():
     with pytest.raises(SpecError, match="unknown reward"):
         validate_spec({"name": "j", "rollout": {"reward": "nonsense"}})
     assert validate_spec({"name": "j", "rollout": {"reward": "my.module:score"}}).rollout.reward == "my.module:score"
+
+
+def test_nan_injection_must_name_an_existing_replica():
+    found = problems(SPEC, "trainer.replicas=2", "fault_tolerance.inject_nan.steps=[3]", "fault_tolerance.inject_nan.replica=2")
+    assert any("inject_nan.replica (2) must name one of the 2 trainer replicas" in p for p in found), found
+
+
+def test_nan_injection_needs_steps():
+    found = problems(SPEC, "fault_tolerance.inject_nan.replica=0")
+    assert any(p.endswith("fault_tolerance.inject_nan.steps: required field is missing") for p in found), found
