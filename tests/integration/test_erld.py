@@ -22,7 +22,7 @@ from tests.processes import REPO, SPEC
 pytestmark = [pytest.mark.integration]
 
 # A short version of examples/tiny-grpo.yaml that still learns.
-SHORT_JOB = ["--set", "rollout.num_rollouts=40"]
+SHORT_JOB = ["--set", "rollout.num_rollouts=30"]
 
 
 @pytest.mark.timeout(600)
@@ -33,7 +33,7 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
     assert "succeeded" in run.stdout
 
     lines = metrics(workdir)
-    assert [line["rollout"] for line in lines] == list(range(40))
+    assert [line["rollout"] for line in lines] == list(range(30))
     rewards = [line["rollout/reward_mean"] for line in lines]
     assert sum(rewards[:5]) / 5 <= 0.2
     assert sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + 0.15, rewards
@@ -48,18 +48,18 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
 
     final = status(daemon, "tiny-grpo")
     assert final["status"]["phase"] == "succeeded"
-    assert final["progress"]["rollouts_done"] == 40
+    assert final["progress"]["rollouts_done"] == 30
     assert erl("list", "--etcd", daemon.endpoint, check=True).stdout.count("succeeded") == 1
     text = erl("status", "tiny-grpo", "--etcd", daemon.endpoint, check=True).stdout
-    assert "job tiny-grpo: succeeded" in text and "rollouts: 40/40" in text and "orchestrator" in text
+    assert "job tiny-grpo: succeeded" in text and "rollouts: 30/30" in text and "orchestrator" in text
     logs = erl("logs", "tiny-grpo", "--proc", "orchestrator", "--etcd", daemon.endpoint, check=True).stdout
-    assert "rollout 39 committed" in logs
+    assert "rollout 29 committed" in logs
 
 
 @pytest.mark.timeout(600)
 def test_killed_erld_restarts_and_the_job_completes(daemon, tmp_path):
     workdir = tmp_path / "job"
-    submitted = erl("submit", str(SPEC), "--set", "rollout.num_rollouts=30", "--workdir", str(workdir),
+    submitted = erl("submit", str(SPEC), "--set", "rollout.num_rollouts=15", "--workdir", str(workdir),
                     "--etcd", daemon.endpoint, check=True)  # fmt: skip
     assert "erl status tiny-grpo" in submitted.stdout
     deadline = time.monotonic() + 300
@@ -78,11 +78,11 @@ def test_killed_erld_restarts_and_the_job_completes(daemon, tmp_path):
         time.sleep(0.5)
     final = status(daemon, "tiny-grpo")
     assert final["status"]["phase"] == "succeeded", final
-    assert final["progress"]["rollouts_done"] == 30
+    assert final["progress"]["rollouts_done"] == 15
     # The job's processes survived erld's death and were adopted, not restarted.
     assert before["trainer-0-0"] == final["procs"]["trainer-0-0"]["pid"]
     assert any(event["kind"] == "job_adopted" for event in final["events"] + status(daemon, "tiny-grpo")["events"])
-    assert [line["rollout"] for line in metrics(workdir)] == list(range(30))
+    assert [line["rollout"] for line in metrics(workdir)] == list(range(15))
 
 
 @pytest.mark.timeout(300)
