@@ -120,6 +120,7 @@ class JobRunner:
         # Engines registered with the router: only these are health-checked.
         self.serving: set[str] = set()
         self.health_failures: dict[str, int] = {}
+        self._registering: dict[str, asyncio.Task] = {}
 
     # --- the plan ---------------------------------------------------------------
 
@@ -321,10 +322,19 @@ class JobRunner:
         await self.events.emit("job_started", f"{len(self.procs)} processes on devices {self.devices}")
         self._in_background(self._watch_engines())
 
-    def _in_background(self, coroutine) -> None:
+    def _in_background(self, coroutine) -> asyncio.Task:
         task = asyncio.create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
+
+    def _register_in_background(self, engine: str) -> None:
+        """Register a (re)started engine once healthy; a registration still waiting for the
+        engine's previous process is dropped."""
+        previous = self._registering.pop(engine, None)
+        if previous is not None:
+            previous.cancel()
+        self._registering[engine] = self._in_background(self._register_engines(only=engine))
 
     async def _prepare_initial_weights(self) -> None:
         if jobenv.weights_dir(self.workdir, 0).exists():
@@ -387,7 +397,7 @@ class JobRunner:
                 await self.events.emit("proc_restarted", f"restart {len(record.restarts)}", proc=record.plan.name,
                                        device=record.plan.device)  # fmt: skip
                 if record.plan.role == "engine":
-                    self._in_background(self._register_engines(only=record.plan.name))
+                    self._register_in_background(record.plan.name)
                 elif record.plan.role == "router":
                     self.serving.clear()
                     self._in_background(self._register_engines())
@@ -561,15 +571,16 @@ class JobRunner:
         while True:
             started = time.monotonic()
             watched = [r for r in self.procs.values() if r.plan.role == "engine" and r.plan.name in self.serving]
-            results = await asyncio.gather(
-                *(EngineClient(url(r.plan.port)).health_generate(engines.health_timeout_s) for r in watched)
+            clients = [EngineClient(url(r.plan.port)) for r in watched]
+            generated, responsive = await asyncio.gather(
+                asyncio.gather(*(c.health_generate(engines.health_timeout_s) for c in clients)),
+                asyncio.gather(*(c.health(engines.health_timeout_s) for c in clients)),
             )
-            for record, ok in zip(watched, results):
+            for record, made, answered in zip(watched, generated, responsive):
                 name = record.plan.name
                 if name not in self.serving or record.state != "running":
                     continue  # replaced or gone while the check ran
-                verdict = judge(ok, self.health_failures.get(name, 0), engines.health_failure_threshold,
-                                f"no answer within {engines.health_timeout_s:g}s or an error")  # fmt: skip
+                verdict = judge(made, answered, self.health_failures.get(name, 0), engines.health_failure_threshold)
                 self.health_failures[name] = verdict.consecutive_failures
                 if verdict.unhealthy:
                     await self._replace_engine(record, verdict.reason)
@@ -601,7 +612,7 @@ class JobRunner:
                 self.procs[record.plan.name] = record
                 self._spawn(record)
                 await self._publish(record)
-                self._in_background(self._register_engines(only=record.plan.name))
+                self._register_in_background(record.plan.name)
             await self.events.emit("engines_scaled", f"{len(engines)} -> {desired} engines")
         elif desired < len(engines):
             removed = engines[desired:]

@@ -182,10 +182,11 @@ class EnginesSpec(Component):
     health_interval_s: PositiveFloat = 1.0
     """Interval between /health_generate checks."""
     health_timeout_s: PositiveFloat = 3.0
-    """Timeout of one health check; a hung engine is found by it."""
-    health_failure_threshold: PositiveInt = 1
-    """Consecutive failed checks that make an engine unhealthy (a hang is found within
-    interval + threshold x timeout; raise it where health checks queue behind heavy load)."""
+    """Timeout of one health check; an engine that answers nothing within it (hung, e.g.
+    SIGSTOPped) is unhealthy at once."""
+    health_failure_threshold: PositiveInt = 3
+    """Consecutive failed or late health generations, while the server still answers, that make
+    an engine unhealthy (a busy engine's health generation queues behind real requests)."""
 
     @field_validator("kind")
     @classmethod

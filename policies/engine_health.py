@@ -1,11 +1,18 @@
-"""Whether an engine is healthy, from its recent health checks.
+"""Whether an engine is healthy, from its newest health check and the ones before it.
 
-Pure: the outcome of the newest ``/health_generate`` check and the failures
-before it in, a verdict out. A check fails when it errors, answers non-200,
-or takes longer than its timeout (a hung engine, e.g. SIGSTOPped, answers
-nothing at all). ``failure_threshold`` failures in a row make the engine
-unhealthy; any success clears the count. A process that has exited is
-unhealthy at once, whatever its checks said.
+Pure: one check's outcome and the failures before it in, a verdict out. A
+check asks for a generation (``/health_generate``) and, at the same time,
+whether the server answers at all (``/health``), each within the timeout.
+
+- The generation came back: healthy; the failure count clears.
+- Neither came back: the engine is hung or gone (a SIGSTOPped process answers
+  nothing): unhealthy at once, so a hang is found within interval + timeout.
+- The server answers but the generation failed or was late: an overloaded or
+  wedged generator. This counts as a failure; ``failure_threshold`` in a row
+  make the engine unhealthy, since a busy engine's health generation can queue
+  behind real requests.
+
+(A process that has exited needs no verdict: erld replaces it at once.)
 """
 
 from __future__ import annotations
@@ -20,12 +27,15 @@ class HealthVerdict:
     reason: str = ""
 
 
-def judge(check_ok: bool, consecutive_failures: int, failure_threshold: int, error: str = "") -> HealthVerdict:
+def judge(generated: bool, responsive: bool, consecutive_failures: int, failure_threshold: int) -> HealthVerdict:
     """``consecutive_failures``: failed checks in a row before this one."""
-    if check_ok:
+    if generated:
         return HealthVerdict(False, 0)
     failures = consecutive_failures + 1
+    if not responsive:
+        return HealthVerdict(True, failures, "the server answered nothing within the timeout (hung or dead)")
     if failures >= failure_threshold:
-        return HealthVerdict(True, failures, f"{failures} failed health check(s) in a row, the last: {error}")
+        return HealthVerdict(
+            True, failures, f"{failures} health generations in a row failed or were late while the server answered"
+        )
     return HealthVerdict(False, failures)
-

@@ -15,14 +15,15 @@ from tests.integration.erld_support import erl, job_events, metrics, run_job, st
 pytestmark = [pytest.mark.integration]
 
 ROLLOUTS = 8
+SCALE_ROLLOUTS = 14
 PROMPTS, SAMPLES = 32, 16  # the example's rollout: 32 prompts x 16 samples
 
 
-def engine_job() -> list[str]:
+def engine_job(rollouts: int = ROLLOUTS) -> list[str]:
     return [
-        "--set", f"rollout.num_rollouts={ROLLOUTS}",
+        "--set", f"rollout.num_rollouts={rollouts}",
         "--set", "engines.health_interval_s=1",
-        "--set", "engines.health_timeout_s=1",
+        "--set", "engines.health_timeout_s=2",
     ]  # fmt: skip
 
 
@@ -32,8 +33,8 @@ def generations_after_last_start(log_text: str) -> int:
     return newest.count('"POST /generate HTTP/1.1" 200')
 
 
-def assert_every_group_complete(workdir) -> None:
-    assert [line["rollout"] for line in metrics(workdir)] == list(range(ROLLOUTS))
+def assert_every_group_complete(workdir, rollouts: int = ROLLOUTS) -> None:
+    assert [line["rollout"] for line in metrics(workdir)] == list(range(rollouts))
     for rollout_id in jobenv.committed_rollouts(workdir):
         batch = load_file(str(jobenv.rollout_dir(workdir, rollout_id) / "batch.safetensors"))
         groups = batch["prompt_indices"].view(PROMPTS, SAMPLES)
@@ -42,40 +43,45 @@ def assert_every_group_complete(workdir) -> None:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["sigkill", "sigstop"])
-def test_a_failed_engine_is_replaced_mid_rollout(daemon, tmp_path, sig):
-    # A random part of a second into the rollout: the engine dies (or hangs) mid-generation.
-    done = run_job(daemon, tmp_path, engine_job(), [("engine-0", 3)], jitter=random.Random(sig), signal_number=sig)
+def test_a_hung_engine_is_replaced_mid_rollout(daemon, tmp_path):
+    # A random part of a second into the rollout: the engine hangs (SIGSTOP) mid-generation.
+    done = run_job(daemon, tmp_path, engine_job(), [("engine-0", 3)], jitter=random.Random(0),
+                   signal_number=signal.SIGSTOP)  # fmt: skip
     assert done == ["engine-0"]
     assert_every_group_complete(tmp_path)
-    events = job_events(tmp_path)
-    kinds = Counter(e["kind"] for e in events if e.get("proc") == "engine-0")
-    # Found by its exit, or (a hung engine) by the health check's timeout; replaced once, then serving.
-    assert kinds["proc_restarted"] == 1 and kinds["engine_serving"] == 1, kinds
-    if sig == signal.SIGSTOP:
-        assert kinds["engine_unhealthy"] == 1, kinds
-    replacement_served = generations_after_last_start((tmp_path / "logs" / "engine-0.log").read_text())
-    assert replacement_served > 0
+    kinds = Counter(e["kind"] for e in job_events(tmp_path) if e.get("proc") == "engine-0")
+    # Alive but silent: found by the health check's timeout, replaced once, then serving.
+    assert kinds["engine_unhealthy"] == 1 and kinds["proc_restarted"] == 1 and kinds["engine_serving"] == 1, kinds
+    assert generations_after_last_start((tmp_path / "logs" / "engine-0.log").read_text()) > 0
 
 
 @pytest.mark.timeout(400)
-def test_scaling_engines_of_a_running_job(daemon, tmp_path):
+def test_engines_scale_and_a_killed_engine_is_replaced(daemon, tmp_path):
+    """`erl scale` up to 3 engines; engine-0 SIGKILLed mid-rollout; then down to 1 engine."""
+
     def scale_up() -> None:
         erl("scale", "tiny-grpo", "--engines", "3", "--etcd", daemon.endpoint, check=True)
 
     def scale_down() -> None:
         erl("scale", "tiny-grpo", "--engines", "1", "--etcd", daemon.endpoint, check=True)
 
-    def third_engine_serving(workdir) -> bool:
-        return any(e["kind"] == "engine_serving" and e["proc"] == "engine-2" for e in job_events(workdir))
+    def both_serving(workdir) -> bool:
+        restarted = [e for e in job_events(workdir) if e["kind"] == "engine_serving"]
+        return {e["proc"] for e in restarted} >= {"engine-0", "engine-2"}
 
-    done = run_job(daemon, tmp_path, engine_job(), [(scale_up, 1), (scale_down, third_engine_serving)])
-    assert done == ["scale_up", "scale_down"]
-    assert_every_group_complete(tmp_path)
-    scaled = [e["message"] for e in job_events(tmp_path) if e["kind"] == "engines_scaled"]
-    assert scaled == ["2 -> 3 engines", "3 -> 1 engines"]
-    # The added engine took requests; after the scale-down one engine is left.
-    assert generations_after_last_start((tmp_path / "logs" / "engine-2.log").read_text()) > 0
+    # Scaling up and replacing the killed engine-0 overlap; scale down once both serve.
+    faults = [(scale_up, 1), ("engine-0", 2), (scale_down, both_serving)]
+    done = run_job(daemon, tmp_path, engine_job(SCALE_ROLLOUTS), faults, jitter=random.Random(1))
+    assert done == ["scale_up", "engine-0", "scale_down"]
+    assert_every_group_complete(tmp_path, SCALE_ROLLOUTS)
+    events = job_events(tmp_path)
+    assert [e["message"] for e in events if e["kind"] == "engines_scaled"] == ["2 -> 3 engines", "3 -> 1 engines"]
+    # The killed engine was found by its exit, replaced, and its replacement served; so did the added one.
+    kinds = Counter(e["kind"] for e in events if e.get("proc") == "engine-0")
+    assert kinds["proc_exited"] == 1 and kinds["proc_restarted"] == 1 and kinds["engine_serving"] == 1, kinds
+    for engine in ("engine-0", "engine-2"):
+        assert generations_after_last_start((tmp_path / "logs" / f"{engine}.log").read_text()) > 0, engine
+    # After the scale-down one engine is left.
     procs = status(daemon, "tiny-grpo")["procs"]
     assert [name for name in procs if name.startswith("engine")] == ["engine-0"]
     finished = erl("scale", "tiny-grpo", "--engines", "2", "--etcd", daemon.endpoint)

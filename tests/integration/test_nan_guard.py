@@ -13,7 +13,7 @@ from tests.integration.erld_support import job_events, metrics, run_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
-ROLLOUTS = 5
+ROLLOUTS = 4
 NAN_STEP = 5  # rollout 2's second optimizer step (512 samples a rollout, 256 a step)
 
 
