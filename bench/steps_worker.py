@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import SPEC  # noqa: E402
-from torchft_overhead import synthetic_batch  # noqa: E402
+from torchft_overhead import NoQuorum, synthetic_batch  # noqa: E402
 
 from elastic_rl.atomic import write_file_atomic  # noqa: E402
 from elastic_rl.config import load_spec  # noqa: E402
@@ -40,17 +40,8 @@ from elastic_rl.trainer.grpo import GrpoTrainer, lr_lambda  # noqa: E402
 OVERRIDES = ["rollout.prompts_per_rollout=16", "trainer.global_batch_size=256", "trainer.replicas=2"]
 
 
-class StaticGroup:
+class StaticGroup(NoQuorum):
     """The Manager's interface over a plain torch.distributed group: no quorum, every step commits."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def start_quorum(self) -> None:
-        pass
-
-    def current_step(self) -> int:
-        return self.step
 
     def num_participants(self) -> int:
         return torch.distributed.get_world_size()
@@ -60,16 +51,6 @@ class StaticGroup:
 
     def allreduce(self, tensor: torch.Tensor, reduce_op=torch.distributed.ReduceOp.SUM):
         return torch.distributed.all_reduce(tensor, op=reduce_op, async_op=True)
-
-    def errored(self):
-        return None
-
-    def report_error(self, error: Exception) -> None:
-        raise error
-
-    def should_commit(self) -> bool:
-        self.step += 1
-        return True
 
 
 def build(spec):

@@ -47,8 +47,8 @@ class _Done:
 class NoQuorum:
     """The Manager's interface with nothing behind it: one replica, every step commits."""
 
-    def __init__(self) -> None:
-        self.step = 0
+    def __init__(self, step: int = 0) -> None:
+        self.step = step
 
     def start_quorum(self) -> None:
         pass

@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -436,8 +436,7 @@ class JobRunner:
         if record.plan.role == "trainer" and record.exit_code == jobenv.EXIT_ROLLBACK:
             # Asked for, not a crash: restart at once from the newest snapshot.
             await self.events.emit("trainer_rollback", "restarting from the newest snapshot", proc=name)
-            decision = decide_restart(self.policy, record.restarts, now)
-            decision = type(decision)(decision.restart, 0.0, decision.reason)
+            decision = replace(decide_restart(self.policy, record.restarts, now), delay_s=0.0)
         else:
             decision = decide_restart(self.policy, record.restarts, now)
         if not decision.restart:
