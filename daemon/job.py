@@ -229,6 +229,14 @@ class JobRunner:
         self._kill_strays(plan.name)
         if plan.role == "spare":
             jobenv.spare_assignment_path(self.workdir, plan.group).unlink(missing_ok=True)
+        if plan.role in ("trainer", "spare") and not any(
+            self._alive(r) for r in self._replica_ranks(record) if r is not record
+        ):
+            # A group starting afresh takes a new rendezvous port: the old one may have been
+            # taken by another process's ephemeral port in the meantime.
+            port = str(free_port())
+            for rank in self._replica_ranks(record):
+                rank.plan.env = {**rank.plan.env, "MASTER_PORT": port}
         log_path = self.workdir / "logs" / f"{plan.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log_file:
@@ -478,11 +486,9 @@ class JobRunner:
             await self._release_devices(freed)
         write_file_atomic(jobenv.spare_assignment_path(self.workdir, spare.plan.group), orjson.dumps({"replica": replica}))
         for rank, taker in zip(ranks, spares):
-            # The records swap devices and rendezvous ports: each names what its process holds.
-            device, port = taker.plan.device, taker.plan.env["MASTER_PORT"]
-            taker.plan.env = {**taker.plan.env, "MASTER_PORT": rank.plan.env["MASTER_PORT"]}
+            device = taker.plan.device
             rank.plan.device = device
-            rank.plan.env = {**rank.plan.env, jobenv.DEVICE: str(device), "MASTER_PORT": port}
+            rank.plan.env = {**rank.plan.env, jobenv.DEVICE: str(device), "MASTER_PORT": taker.plan.env["MASTER_PORT"]}
             rank.pid, rank.create_time, rank.state, rank.restart_at = taker.pid, taker.create_time, "running", None
             if taker.plan.name in self.children:
                 self.children[rank.plan.name] = self.children.pop(taker.plan.name)
