@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from elastic_rl.events import EventLog
+from daemon.devices import free_device_slots, job_statuses
 from daemon.job import JobRunner, devices_needed
 from daemon.notify import SystemdNotifier, child_environment
 from elastic_rl.atomic import write_file_atomic
@@ -39,7 +40,6 @@ log = logging.getLogger("erld")
 
 LEASE_TTL_S = 10
 LOOP_INTERVAL_S = 0.5
-ACTIVE_PHASES = ("running", "stopping")
 
 
 class Erld:
@@ -86,31 +86,13 @@ class Erld:
 
     # --- the controller (leader only) -------------------------------------------------
 
-    async def free_devices(self, jobs: dict[str, dict[str, Any]]) -> dict[str, list[int]]:
-        nodes = await self.store.get_prefix(keys.NODES)
-        used: dict[str, set[int]] = {}
-        for status in jobs.values():
-            if status.get("phase") in ACTIVE_PHASES:
-                used.setdefault(status["node"], set()).update(status.get("devices", []))
-        failed: dict[str, set[int]] = {}
-        for key, device in (await self.store.get_prefix(f"{keys.ROOT}/devices/")).items():
-            node, index = key.rsplit("/", 2)[-2:]
-            if device.get("state") == "failed":
-                failed.setdefault(node, set()).add(int(index))
-        free = {}
-        for key, info in nodes.items():
-            node = key[len(keys.NODES) :]
-            taken = used.get(node, set()) | failed.get(node, set())
-            free[node] = [index for index in range(info["devices"]) if index not in taken]
-        return free
-
     async def place_pending(self, statuses: dict[str, dict[str, Any]]) -> None:
         for job_id, status in sorted(statuses.items(), key=lambda item: item[1].get("submitted", 0)):
             if status.get("phase") != "pending":
                 continue
             spec = JobSpec.model_validate(await self.store.get(keys.job_spec(job_id)))
             needed = devices_needed(spec)
-            free = await self.free_devices(statuses)
+            free = await free_device_slots(self.store, statuses)
             placement = place_job(needed, free)
             if placement.node is None:
                 if status.get("reason") != placement.reason:
@@ -122,10 +104,6 @@ class Erld:
             )
 
     # --- the node agent -------------------------------------------------------------------
-
-    async def job_statuses(self) -> dict[str, dict[str, Any]]:
-        found = await self.store.get_prefix(keys.JOBS)
-        return {keys.job_id_of(key): value for key, value in found.items() if key.endswith("/status")}
 
     async def set_phase(self, job_id: str, phase: str, reason: str = "") -> None:
         ended = {"phase": phase, "reason": reason, "ended": time.time()}
@@ -186,7 +164,7 @@ class Erld:
         self.notifier.ready(self.summary())
         log.info("erld on %s ready (etcd %s)", self.node, self.endpoint)
         while not self.stopping.is_set():
-            statuses = await self.job_statuses()
+            statuses = await job_statuses(self.store)
             if await self.is_leader():
                 await self.place_pending(statuses)
             await self.reconcile(statuses)

@@ -39,6 +39,7 @@ import orjson
 import psutil
 
 from elastic_rl.events import EventLog
+from daemon.devices import free_device_slots, job_statuses, mark_failed
 from daemon.notify import child_environment
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
@@ -460,10 +461,6 @@ class JobRunner:
     def _replica_ranks(self, record: ProcRecord) -> list[ProcRecord]:
         return sorted((r for r in self.procs.values() if r.plan.group == record.plan.group), key=lambda r: r.plan.name)
 
-    async def _mark_failed(self, devices: list[int]) -> None:
-        for device in devices:
-            await self.store.put(keys.device(self.node, device), {"kind": "cpu", "state": "failed"}, lease=self.lease)
-
     async def _promote_spare(self, record: ProcRecord) -> bool:
         """A dead replica's place goes to an idle warm spare: it only has to join the quorum and heal.
 
@@ -482,7 +479,7 @@ class JobRunner:
         ranks, spares = self._replica_ranks(record), self._replica_ranks(spare)
         freed = [r.plan.device for r in ranks]
         if record.exit_code == jobenv.EXIT_DEVICE_QUARANTINED:
-            await self._mark_failed(freed)
+            await mark_failed(self.store, self.node, freed, self.lease)
             await self._release_devices(freed)
         write_file_atomic(jobenv.spare_assignment_path(self.workdir, spare.plan.group), orjson.dumps({"replica": replica}))
         for rank, taker in zip(ranks, spares):
@@ -523,7 +520,7 @@ class JobRunner:
         """A quarantined device: mark it failed; restart the replica on free devices, or run without it."""
         ranks = self._replica_ranks(record)
         failed = sorted({r.plan.device for r in ranks if r.plan.device is not None})
-        await self._mark_failed(failed)
+        await mark_failed(self.store, self.node, failed, self.lease)
         replacements = await self._claim_devices(len(ranks), release=failed)
         if replacements is None:
             for rank in ranks:
@@ -547,31 +544,24 @@ class JobRunner:
 
     async def _claim_devices(self, count: int, release: list[int] = ()) -> list[int] | None:
         """Take ``count`` free device slots of this node for the job (giving up ``release``)."""
-        node = await self.store.get(keys.node(self.node)) or {}
-        states = await self.store.get_prefix(keys.devices(self.node))
-        failed = {int(key.rsplit("/", 1)[1]) for key, value in states.items() if value.get("state") == "failed"}
-        used: set[int] = set()
-        for key, status in (await self.store.get_prefix(keys.JOBS)).items():
-            if key.endswith("/status") and status.get("phase") in ("running", "stopping") and status.get("node") == self.node:
-                used.update(status.get("devices", []))
-        free = [d for d in range(node.get("devices", 0)) if d not in used | failed]
+        free = (await free_device_slots(self.store, await job_statuses(self.store))).get(self.node, [])
         if len(free) < count:
             return None
         claimed = free[:count]
-        self.devices = [d for d in self.devices if d not in release] + claimed
-        devices = self.devices
-        await self.store.modify(keys.job_status(self.job_id), lambda s: {**s, "devices": devices})
+        await self._set_devices([d for d in self.devices if d not in release] + claimed)
         return claimed
 
     async def _release_devices(self, released: list[int]) -> None:
-        self.devices = [d for d in self.devices if d not in released]
-        devices = self.devices
-        await self.store.modify(keys.job_status(self.job_id), lambda s: {**s, "devices": devices})
+        await self._set_devices([d for d in self.devices if d not in released])
+
+    async def _set_devices(self, devices: list[int]) -> None:
+        self.devices = devices
+        await self.store.modify(keys.job_status(self.job_id), lambda status: {**status, "devices": devices})
 
     # --- engines: health and scale ----------------------------------------------------
 
     async def _watch_engines(self) -> None:
-        """Check every serving engine's /health_generate each interval; replace the unhealthy."""
+        """Check every serving engine (/health_generate and /health) each interval; replace the unhealthy."""
         engines = self.spec.engines
         while True:
             started = time.monotonic()
@@ -607,7 +597,7 @@ class JobRunner:
             claimed = await self._claim_devices(desired - len(engines))
             if claimed is None:
                 return  # retried each tick until devices free up
-            shared = {k: v for k, v in self.procs["router"].plan.env.items()}
+            shared = self.procs["router"].plan.env
             index = 0
             for device in claimed:
                 while index in taken:

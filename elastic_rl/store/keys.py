@@ -19,6 +19,7 @@ ROOT = "/erl"
 NODES = f"{ROOT}/nodes/"
 LEADER = f"{ROOT}/leader"
 JOBS = f"{ROOT}/jobs/"
+DEVICES = f"{ROOT}/devices/"
 
 
 def node(name: str) -> str:
@@ -26,7 +27,7 @@ def node(name: str) -> str:
 
 
 def devices(node_name: str) -> str:
-    return f"{ROOT}/devices/{node_name}/"
+    return f"{DEVICES}{node_name}/"
 
 
 def device(node_name: str, index: int) -> str:

@@ -154,7 +154,6 @@ class GrpoTrainer:
         self.reference = reference
         self.injector = injector
         self.parameters = [p for p in model.parameters() if p.requires_grad]
-        self.steps_per_rollout = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
         self.consecutive_skips = 0
 
     def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
@@ -185,6 +184,10 @@ class GrpoTrainer:
         if healed is not None:
             context.metrics.values = {name: list(values) for name, values in healed["metrics"].items()}
         return context
+
+    def _poisoned(self, step: int) -> bool:
+        """Whether the fault-injection switch makes this computation of ``step`` NaN."""
+        return self.injector is not None and self.injector.poison(step)
 
     def _shard_loss(self, ctx: RolloutContext, rows: torch.Tensor, global_tokens: int, poison: bool, backward: bool) -> torch.Tensor:
         """Forward (and backward) over ``rows``; returns the metric sums in METRIC_NAMES order."""
@@ -230,8 +233,7 @@ class GrpoTrainer:
         global_tokens = int(ctx.mask[rows].sum().item())
 
         self.optimizer.zero_grad(set_to_none=False)
-        poison = self.injector is not None and self.injector.poison(global_step)
-        sums = self._shard_loss(ctx, shards[rank], global_tokens, poison, backward=True)
+        sums = self._shard_loss(ctx, shards[rank], global_tokens, self._poisoned(global_step), backward=True)
         local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
 
         # One all-reduce: gradients, metric sums, and per replica slot its verdict and its shard.
@@ -287,8 +289,7 @@ class GrpoTrainer:
 
         def finite_on(shard_owner: int) -> float:
             shard = shards[int(verdicts[replicas + shard_owner].item()) - 1]
-            poison = self.injector is not None and self.injector.poison(global_step)
-            sums = self._shard_loss(ctx, shard, global_tokens, poison, backward=False)
+            sums = self._shard_loss(ctx, shard, global_tokens, self._poisoned(global_step), backward=False)
             return 1.0 if bool(sums.isfinite().all()) else 0.0
 
         rerun = torch.zeros(replicas)

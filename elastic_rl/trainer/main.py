@@ -39,8 +39,8 @@ import psutil
 import torch
 from torchft import Manager, ProcessGroupGloo
 
-from checkpoints.retention import apply_retention
 from checkpoints.discovery import SnapshotInfo, newest_valid_snapshot
+from checkpoints.retention import apply_retention
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
@@ -220,18 +220,17 @@ def main() -> None:
                 snapshots.save(state, scheduler.last_epoch, rollout_id - 1, spec_hash)
             break
         healed.clear()
+        peer_rollout = None
         manager.start_quorum()
         if healed:
             # Behind the quorum: this replica took a peer's state, and with it the peer's position.
-            snapshot = None
+            snapshot, context = None, None
             position = manager.current_step()
             rollout_id, index = divmod(position, steps_per_rollout)
-            peer = healed["rollout"]
             # A peer at a rollout's first step may still hold the previous rollout's context:
             # the healed weights are the ones to compute it from.
-            context = trainer.prepare(
-                rollout_id, read_rollout(workdir, rollout_id)[0], peer if peer and peer["rollout_id"] == rollout_id else None
-            )
+            if healed["rollout"] and healed["rollout"]["rollout_id"] == rollout_id:
+                peer_rollout = healed["rollout"]
             log.info("healed from a peer at step %d (rollout %d)", position, rollout_id)
             if spare is not None and not trained_any:
                 log.info("warm spare %s joined as replica %d %.3fs after its assignment", spare, replica,
@@ -246,7 +245,7 @@ def main() -> None:
             emit_event("trainer_resumed", f"from snapshot {step}, replaying after rollout {last_rollout}", proc,
                        device=device, step=step)  # fmt: skip
         if context is None or context.rollout_id != rollout_id:
-            context = trainer.prepare(rollout_id, read_rollout(workdir, rollout_id)[0])
+            context = trainer.prepare(rollout_id, read_rollout(workdir, rollout_id)[0], peer_rollout)
         if manager.num_participants() != participants:
             participants = manager.num_participants()
             if manager.participating_rank() == 0 and rank == 0:
