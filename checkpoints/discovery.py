@@ -58,6 +58,17 @@ def snapshots_to_delete(steps: list[int], keep_last: int, keep_every: int) -> li
     return sorted(s for s in steps if s not in newest and not (keep_every and s % keep_every == 0))
 
 
+def weights_to_delete(
+    versions: list[int], keep_last: int, needed: set[int], exported_at: dict[int, float], now: float, grace_s: float
+) -> list[int]:
+    """Retention of exported weights: keep the newest ``keep_last``, every version in ``needed``, and
+    every version superseded less than ``grace_s`` ago (an engine that started on it may still be loading it)."""
+    ordered = sorted(versions)
+    newest = set(ordered[-keep_last:])
+    superseded = {v: exported_at.get(nxt, now) for v, nxt in zip(ordered, ordered[1:])}
+    return [v for v in ordered if v not in newest and v not in needed and now - superseded[v] >= grace_s]
+
+
 def newest_committed_snapshot(workdir: Path) -> SnapshotInfo | None:
     """The newest snapshot with a manifest, without re-reading its files (for `erl status`)."""
     for step in _steps(workdir):

@@ -1,15 +1,19 @@
-"""Applies retention after a snapshot commits: old snapshots go, and so does the rollout log below them.
+"""Applies retention: old snapshots go, and with them the rollout log below them; old weights go.
 
-Only rank 0 of the exporting replica calls this. The rollout log is cut below
+Only rank 0 of the exporting replica calls these. The rollout log is cut below
 the oldest snapshot kept: every rollout a resume could need to replay stays.
+Exported weights are kept for the newest versions (what engines load, and a
+replacement engine starts on) and for every kept snapshot (what engines start
+on after `erl resume --snapshot` rewinds to it).
 """
 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
-from checkpoints.discovery import snapshot_path, snapshots_to_delete, valid_steps
+from checkpoints.discovery import snapshot_path, snapshots_to_delete, valid_steps, weights_to_delete
 from checkpoints.manifest import read_manifest
 from elastic_rl import jobenv
 
@@ -26,4 +30,16 @@ def apply_retention(workdir: Path, keep_last: int, keep_every: int) -> list[int]
         for rollout_id in jobenv.committed_rollouts(workdir):
             if rollout_id < oldest_needed:
                 shutil.rmtree(jobenv.rollout_dir(workdir, rollout_id), ignore_errors=True)
+    return doomed
+
+
+def prune_weights(workdir: Path, keep_last: int, grace_s: float) -> list[int]:
+    """Delete the exported weight versions nobody needs any more; return them. ``grace_s``: how long
+    an engine may take to start (and load the version it was started on)."""
+    needed = {int(read_manifest(snapshot_path(workdir, step))["last_rollout"]) + 1 for step in valid_steps(workdir)}
+    versions = jobenv.weights_versions(workdir)
+    exported_at = {v: jobenv.weights_dir(workdir, v).stat().st_mtime for v in versions}
+    doomed = weights_to_delete(versions, keep_last, needed, exported_at, time.time(), grace_s)
+    for version in doomed:
+        shutil.rmtree(jobenv.weights_dir(workdir, version), ignore_errors=True)
     return doomed

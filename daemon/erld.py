@@ -1,173 +1,283 @@
-"""erld, the node daemon: membership in etcd, job placement, and supervision of job processes.
+"""erld, the node daemon: membership in etcd, the controller when it leads, the agent always.
 
-    erl daemon [--etcd URL] [--cpu-devices N] [--state-dir DIR]
+    erl daemon --node NAME --advertise-host HOST --cpu-devices N --etcd URL[,URL...]
 
-Every erld registers its node and device slots under a lease. One of them holds
-the leader key and places pending jobs on nodes (``policies.placement``); each
-erld runs the jobs placed on its own node (``daemon.job``). With no ``--etcd``
-it starts an embedded etcd under its state dir. Under systemd it sends
-READY=1 once etcd and membership are up, WATCHDOG=1 from a main loop that is
-making progress, a one-line STATUS=, and STOPPING=1 on SIGTERM, after which it
-stops its jobs' processes and revokes its lease. Jobs left running when erld
-stopped or crashed are picked up when it starts again.
+Every erld holds its node name under a lease (one live erld per name; an erld
+that died on this host is taken over at once). One of them holds the leader
+key and is the controller (``daemon.controller``): it places every job's
+processes. Every erld, the leader too, is an agent (``daemon.agent``): it
+runs exactly the processes assigned to its node. With no ``--etcd`` it starts
+an embedded etcd under its state dir.
+
+An agent that cannot renew its lease fences itself: once the lease may have
+run out (its TTL since the last renewal), it kills its processes before doing
+anything else, since the controller is moving their work elsewhere; then it
+joins again as a fresh node. A process it could not kill in time (erld frozen
+with its children running) finds its assignment superseded before it commits
+anything (``elastic_rl.fencing``).
+
+Under systemd it sends READY=1 once etcd and membership are up, WATCHDOG=1
+from a main loop that is making progress, a one-line STATUS=, and STOPPING=1
+on SIGTERM, after which it stops its jobs' processes and revokes its lease.
+Each erld serves ``/metrics`` (Prometheus) and ``/healthz`` on its advertise host.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 
-from elastic_rl.events import EventLog
-from daemon.devices import free_device_slots, job_statuses
-from daemon.job import JobRunner, devices_needed
+from daemon.agent import TERMINAL_PHASES, JobAgent
+from daemon.controller import Cluster, Controller, NotLeader
+from daemon.metrics import MetricsServer
 from daemon.notify import SystemdNotifier, child_environment
+from daemon.proctable import ProcessTable, ProcState
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
-from elastic_rl.errors import ElasticRLError
+from elastic_rl.errors import InputError
+from elastic_rl.events import EventLog
+from elastic_rl.net import LOOPBACK
 from elastic_rl.store import keys
 from elastic_rl.store.client import LeaseExpired, Store, StoreUnavailable
+from elastic_rl.store.devices import all_assignments, failed_slots, ledger, live_nodes
 from elastic_rl.store.embedded import EmbeddedEtcd
-from policies.placement import place_job
 
 log = logging.getLogger("erld")
 
-LEASE_TTL_S = 10
+DEFAULT_LEASE_TTL_S = 10
 LOOP_INTERVAL_S = 0.5
 
 
+class NodeTaken(InputError):
+    """Another live erld holds this node name."""
+
+
+def erld_alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a running erld on this host (a reused pid is not)."""
+    try:
+        command = psutil.Process(pid).cmdline() if pid else []
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return "daemon" in command and any("erl" in part for part in command)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    advertise_host: str = LOOPBACK
+    cpu_devices: int = 4
+    lease_ttl_s: int = DEFAULT_LEASE_TTL_S
+    device_cooldown_s: float | None = None
+    """How long a failed device stays failed; None: until `erl devices reset`."""
+    metrics_port: int | None = None
+
+
 class Erld:
-    def __init__(self, store: Store, endpoint: str, node: str, cpu_devices: int, state_dir: Path):
+    def __init__(self, store: Store, endpoint: str, config: NodeConfig, state_dir: Path):
         self.store = store
         self.endpoint = endpoint
-        self.node = node
-        self.cpu_devices = cpu_devices
+        self.config = config
+        self.node = config.name
         self.state_dir = state_dir
-        self.state_file = state_dir / f"jobs-{node}.json"
+        self.state_file = state_dir / f"procs-{self.node}.json"
         self.notifier = SystemdNotifier()
-        self.runners: dict[str, JobRunner] = {}
+        self.table = ProcessTable(self.node)
+        self.agents: dict[str, JobAgent] = {}
+        self.controller = Controller(store, self.node, self._events)
         self.lease = None
+        self.renewed = 0.0
+        self.leading = False
         self.stopping = asyncio.Event()
+        self.metrics = MetricsServer(self, config.advertise_host, config.metrics_port)
+
+    def _events(self, job_id: str, workdir: Path) -> EventLog:
+        return EventLog(self.store, job_id, workdir, self.node)
 
     # --- membership ---------------------------------------------------------------
 
     async def join(self) -> None:
-        self.lease = await self.store.lease(LEASE_TTL_S)
-        await self.store.put(
-            keys.node(self.node), {"devices": self.cpu_devices, "started": time.time()}, lease=self.lease
-        )
-        for index in range(self.cpu_devices):
-            await self.store.put(keys.device(self.node, index), {"kind": "cpu", "state": "healthy"}, lease=self.lease)
-        for runner in self.runners.values():
-            runner.lease = self.lease
+        """Hold the node name under a new lease; a live erld holding it already is ``NodeTaken``."""
+        self.lease = await self.store.lease(self.config.lease_ttl_s)
+        record = {
+            "devices": self.config.cpu_devices,
+            "kind": "cpu",
+            "started": time.time(),
+            "host": socket.gethostname(),
+            "advertise_host": self.config.advertise_host,
+            "pid": os.getpid(),
+            "lease": self.lease.id,
+        }
+        node_key = keys.node(self.node)
+        while not await self.store.create(node_key, record, lease=self.lease):
+            holder, revision = await self.store.get_with_revision(node_key)
+            if holder is None:
+                continue  # its lease ran out just now
+            if holder.get("host") != record["host"] or (holder.get("pid") != os.getpid() and erld_alive(holder.get("pid"))):
+                await self.store.revoke(self.lease)
+                raise NodeTaken(
+                    f"node name {self.node!r} is held by a live erld (pid {holder.get('pid')} on "
+                    f"{holder.get('host')}); one erld runs per node: give this one another --node name, "
+                    f"or stop that one (`erl shutdown`, or systemctl stop erld)"
+                )
+            # The erld that held it died here: take the name over in place, so the node never looks
+            # gone to the controller, then drop its lease (its stale process records go with it).
+            if await self.store.update_if(node_key, record, revision, lease=self.lease):
+                if holder.get("pid") != os.getpid():
+                    log.info("node %s was held by erld pid %s, no longer running: taken over", self.node, holder.get("pid"))
+                await self.store.revoke_lease_id(holder["lease"])
+                break
+        self.renewed = time.monotonic()
+        for agent in self.agents.values():
+            agent.lease, agent.published = self.lease, {}
 
     async def keep_alive(self) -> None:
         """Refresh the node lease on its own schedule, so a busy main loop never loses membership."""
         while not self.stopping.is_set():
             try:
                 await self.store.refresh(self.lease)
+                self.renewed = time.monotonic()
             except LeaseExpired as exc:
-                log.warning("%s; joining again", exc)
-                await self.join()
+                log.warning("%s", exc)
+                await self.fence_and_rejoin()
             except StoreUnavailable as exc:
                 log.warning("lease refresh failed: %s", exc)
-            await asyncio.sleep(LEASE_TTL_S / 4)
+            await asyncio.sleep(self.config.lease_ttl_s / 4)
+
+    def lease_may_have_expired(self) -> bool:
+        return time.monotonic() - self.renewed >= self.config.lease_ttl_s
+
+    async def fence_and_rejoin(self) -> None:
+        """Our lease is gone (or may be): our work is being placed elsewhere. Kill it, then join afresh."""
+        if self.table.procs:
+            log.error("node %s lost its lease: killing its %d job processes", self.node, len(self.table.procs))
+            self.table.kill_all()
+        self.agents.clear()
+        self.save_state()
+        try:
+            await self.join()
+        except NodeTaken as taken:
+            log.error("%s; stopping", taken)
+            self.stopping.set()
+        except StoreUnavailable as exc:
+            log.warning("rejoining failed (%s); the next pass tries again", exc)
 
     async def is_leader(self) -> bool:
         if await self.store.create(keys.LEADER, self.node, lease=self.lease):
             log.info("%s is the leader", self.node)
-        return await self.store.get(keys.LEADER) == self.node
+        leader, revision = await self.store.get_with_revision(keys.LEADER)
+        self.leading = leader == self.node
+        self.controller.leader_revision = revision if self.leading else 0
+        return self.leading
 
-    # --- the controller (leader only) -------------------------------------------------
+    # --- one pass -----------------------------------------------------------------
 
-    async def place_pending(self, statuses: dict[str, dict[str, Any]]) -> None:
-        for job_id, status in sorted(statuses.items(), key=lambda item: item[1].get("submitted", 0)):
-            if status.get("phase") != "pending":
+    async def read_cluster(self) -> Cluster:
+        jobs = await self.store.get_prefix(keys.JOBS)
+        statuses: dict[str, dict] = {}
+        progress: dict[str, dict] = {}
+        reported: dict[str, dict[str, dict]] = {}
+        for key, value in jobs.items():
+            job_id = keys.job_id_of(key)
+            if key == keys.job_status(job_id):
+                statuses[job_id] = value
+            elif key == keys.job_progress(job_id):
+                progress[job_id] = value
+            elif key.startswith(keys.procs(job_id)):
+                reported.setdefault(job_id, {})[keys.last_part(key)] = value
+        return Cluster(
+            statuses, await all_assignments(self.store), await live_nodes(self.store), reported,
+            failed_slots(await ledger(self.store), time.time()), progress,
+        )  # fmt: skip
+
+    async def agent_pass(self, cluster: Cluster) -> None:
+        local_jobs = {job for job, _ in self.table.procs}
+        for job_id, status in cluster.statuses.items():
+            assigned = cluster.assignments.get(job_id, {})
+            here = any(a["node"] == self.node for a in assigned.values())
+            if not here and job_id not in local_jobs:
+                self.agents.pop(job_id, None)
                 continue
-            spec = JobSpec.model_validate(await self.store.get(keys.job_spec(job_id)))
-            needed = devices_needed(spec)
-            free = await free_device_slots(self.store, statuses)
-            placement = place_job(needed, free)
-            if placement.node is None:
-                if status.get("reason") != placement.reason:
-                    await self.store.modify(keys.job_status(job_id), lambda s: {**s, "reason": placement.reason})
-                continue
-            placed = {"phase": "running", "node": placement.node, "devices": free[placement.node][:needed], "reason": ""}
-            statuses[job_id] = await self.store.modify(
-                keys.job_status(job_id), lambda s: {**s, **placed} if s.get("phase") == "pending" else s
-            )
+            agent = self.agents.get(job_id)
+            if agent is not None and agent.submitted != status.get("submitted"):
+                # The name was submitted again: what runs here belongs to the earlier job.
+                await agent.stop(graceful=False)
+                for proc in self.table.of_job(job_id):
+                    self.table.forget(proc)
+                agent = None
+            agent = agent or await self._agent_for(job_id, status)
+            await agent.tick(status, assigned, cluster.reported.get(job_id, {}), cluster.failed.get(self.node, set()))
+            if status.get("phase") in TERMINAL_PHASES and not here:
+                for proc in self.table.of_job(job_id):
+                    self.table.forget(proc)
+                del self.agents[job_id]
 
-    # --- the node agent -------------------------------------------------------------------
-
-    async def set_phase(self, job_id: str, phase: str, reason: str = "") -> None:
-        ended = {"phase": phase, "reason": reason, "ended": time.time()}
-        await self.store.modify(keys.job_status(job_id), lambda status: {**(status or {}), **ended})
-
-    async def reconcile(self, statuses: dict[str, dict[str, Any]]) -> None:
-        for job_id, status in statuses.items():
-            mine = status.get("node") == self.node
-            runner = self.runners.get(job_id)
-            if mine and status.get("phase") == "running" and runner is None:
-                await self.start_job(job_id, status)
-            elif mine and status.get("phase") == "stopping":
-                if runner is not None:
-                    await runner.stop()
-                    await runner.events.emit("job_stopped", "stopped by request")
-                    del self.runners[job_id]
-                await self.set_phase(job_id, "stopped", "stopped by request")
-        for job_id, runner in list(self.runners.items()):
-            try:
-                await runner.tick(statuses.get(job_id))
-            except ElasticRLError as exc:
-                runner.outcome = f"failed: {exc}"
-            if runner.outcome is not None:
-                await runner.stop()
-                phase, _, reason = runner.outcome.partition(": ")
-                await self.set_phase(job_id, phase, reason)
-                del self.runners[job_id]
-        self.save_state()
-
-    async def start_job(self, job_id: str, status: dict[str, Any]) -> None:
+    async def _agent_for(self, job_id: str, status: dict[str, Any]) -> JobAgent:
         spec = JobSpec.model_validate(await self.store.get(keys.job_spec(job_id)))
         workdir = Path(status["workdir"])
-        events = EventLog(self.store, job_id, workdir, self.node)
-        runner = JobRunner(
-            job_id, spec, workdir, status["devices"], self.store, self.endpoint, events, self.node, lease=self.lease
-        )
-        self.runners[job_id] = runner
-        # Starting takes seconds (initial weights, engines loading): off the main loop.
-        runner.launch(self.load_state().get(job_id))
+        agent = JobAgent(
+            job_id, spec, workdir, self.node, self.config.advertise_host, self.store, self.endpoint,
+            self._events(job_id, workdir), self.table, self.config.device_cooldown_s,
+        )  # fmt: skip
+        agent.lease = self.lease
+        agent.submitted = status.get("submitted")
+        self.agents[job_id] = agent
+        return agent
 
-    def load_state(self) -> dict[str, Any]:
+    async def announce_adopted(self, adopted: list) -> None:
+        """A restarted erld took over its predecessor's processes: one event per job says which."""
+        for job_id in sorted({p.job for p in adopted}):
+            status = await self.store.get(keys.job_status(job_id))
+            if status is None:
+                continue
+            names = ", ".join(p.name for p in adopted if p.job == job_id)
+            await self._events(job_id, Path(status["workdir"])).emit("job_adopted", f"adopted running processes: {names}")
+
+    def load_state(self) -> list[dict[str, Any]]:
         if not self.state_file.is_file():
-            return {}
+            return []
         return orjson.loads(self.state_file.read_bytes())
 
     def save_state(self) -> None:
-        state = {job_id: runner.to_state() for job_id, runner in self.runners.items()}
-        write_file_atomic(self.state_file, orjson.dumps(state))
+        write_file_atomic(self.state_file, orjson.dumps(self.table.to_state()))
 
     # --- main loop ------------------------------------------------------------------------
 
     def summary(self) -> str:
-        return f"node {self.node}: {len(self.runners)} job(s) running, {self.cpu_devices} device slots"
+        running = sum(1 for p in self.table.procs.values() if p.state is ProcState.RUNNING)
+        role = "leader" if self.leading else "agent"
+        return f"node {self.node} ({role}): {len(self.agents)} job(s), {running} process(es), {self.config.cpu_devices} device slots"
 
     async def run(self) -> None:
         await self.join()
+        await self.announce_adopted(self.table.adopt(self.load_state()))
         keep_alive = asyncio.create_task(self.keep_alive())
+        await self.metrics.start()
         self.notifier.ready(self.summary())
         log.info("erld on %s ready (etcd %s)", self.node, self.endpoint)
         while not self.stopping.is_set():
-            statuses = await job_statuses(self.store)
-            if await self.is_leader():
-                await self.place_pending(statuses)
-            await self.reconcile(statuses)
+            if self.lease_may_have_expired():
+                await self.fence_and_rejoin()
+            try:
+                cluster = await self.read_cluster()
+                if await self.is_leader():
+                    await self.controller.tick(cluster)
+                await self.agent_pass(cluster)
+                self.metrics.observe(cluster)
+            except NotLeader as exc:
+                log.warning("%s", exc)
+            except StoreUnavailable as exc:
+                log.warning("etcd unreachable this pass: %s", exc)
+            self.save_state()
             self.notifier.watchdog()
             self.notifier.status(self.summary())
             try:
@@ -180,28 +290,34 @@ class Erld:
     async def shutdown(self) -> None:
         """SIGTERM: stop every job process cleanly; the jobs stay `running` and resume on restart."""
         self.notifier.stopping()
-        for runner in self.runners.values():
-            await runner.stop()
-            await runner.events.emit("erld_stopped", "processes stopped with erld; the job resumes when it starts")
-        self.runners.clear()
-        if self.state_file.exists():
-            self.state_file.unlink()
+        for agent in self.agents.values():
+            await agent.stop(graceful=True)
+            await agent.events.emit("erld_stopped", "processes stopped with erld; the job resumes when it starts")
+        self.agents.clear()
+        self.state_file.unlink(missing_ok=True)
+        await self.metrics.stop()
         await self.store.revoke(self.lease)
 
 
-async def serve(etcd: str | None, cpu_devices: int, state_dir: Path, node: str | None, etcd_port: int) -> None:
+async def serve(etcd: str | None, config: NodeConfig, state_dir: Path, etcd_port: int) -> None:
     embedded = None
     if etcd is None:
         embedded = EmbeddedEtcd(state_dir, client_port=etcd_port, environment=child_environment())
         await embedded.start()
         etcd = embedded.endpoint
+    stop_etcd = embedded is not None
     try:
-        async with Store(etcd) as store:
-            erld = Erld(store, etcd, node or socket.gethostname(), cpu_devices, state_dir)
+        # A call that waits on a dead etcd member moves to the next one well within the lease's TTL.
+        async with Store(etcd, timeout_s=max(1.0, config.lease_ttl_s / 4)) as store:
+            erld = Erld(store, etcd, config, state_dir)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, erld.stopping.set)
             await erld.run()
+    except NodeTaken:
+        # An etcd adopted from the erld that holds the node is that erld's: leave it running.
+        stop_etcd = stop_etcd and embedded.adopted_pid is None
+        raise
     finally:
-        if embedded is not None:
+        if stop_etcd:
             embedded.stop()

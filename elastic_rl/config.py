@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from elastic_rl.errors import SpecError
+from elastic_rl.model.architecture import CONFIG_FILE, from_hf_config
 
 
 class Component(BaseModel):
@@ -52,36 +53,70 @@ def _existing_file(value: Path | None, info: ValidationInfo) -> Path | None:
     return path.resolve()
 
 
-class ModelSpec(Component):
-    """The policy model: a Llama-architecture GPT built with megatron-core."""
+def _existing_checkpoint(value: Path | None, info: ValidationInfo) -> Path | None:
+    """Resolve a checkpoint folder against the spec's folder and insist on its config.json."""
+    if value is None:
+        return None
+    base = (info.context or {}).get("base_dir")
+    path = value if value.is_absolute() or base is None else Path(base) / value
+    if not (path / CONFIG_FILE).is_file():
+        raise ValueError(
+            f"no HF checkpoint at {path} (no {CONFIG_FILE}); give a folder with config.json, safetensors "
+            f"and tokenizer files, e.g. one made by `erl model import`"
+        )
+    return path.resolve()
 
-    architecture: Literal["llama"] = "llama"
-    """Which Megatron->HF converter exports the weights for the engines."""
+
+class ModelSpec(Component):
+    """The policy model: a pretrained HF checkpoint, or a small Llama built from scratch."""
+
+    hf_checkpoint: Path | None = None
+    """A folder with config.json, safetensors weights and tokenizer files (Llama, Qwen2 or Qwen3).
+    The architecture, tokenizer and chat template come from it; without it the toy model below is
+    built from scratch with the toy tokenizer."""
     hidden_size: PositiveInt = 64
-    """Width of the residual stream."""
+    """Toy model only: width of the residual stream."""
     num_layers: PositiveInt = 2
-    """Number of transformer blocks."""
+    """Toy model only: number of transformer blocks."""
     num_attention_heads: PositiveInt = 4
-    """Query heads per attention layer."""
+    """Toy model only: query heads per attention layer."""
     num_query_groups: PositiveInt = 2
-    """Key/value heads (grouped-query attention); divides num_attention_heads."""
+    """Toy model only: key/value heads (grouped-query attention); divides num_attention_heads."""
     ffn_hidden_size: PositiveInt = 128
-    """Inner width of the SwiGLU MLP."""
+    """Toy model only: inner width of the SwiGLU MLP."""
     max_position_embeddings: PositiveInt = 128
-    """Longest sequence (prompt plus response) the model sees."""
+    """Toy model only: longest sequence (prompt plus response) the model sees."""
     rope_theta: PositiveFloat = 10000.0
-    """Base of the rotary position embedding."""
+    """Toy model only: base of the rotary position embedding."""
     norm_epsilon: PositiveFloat = 1e-5
-    """Epsilon of every RMSNorm."""
+    """Toy model only: epsilon of every RMSNorm."""
     init_method_std: PositiveFloat = 0.02
-    """Standard deviation of the random initialisation."""
+    """Toy model only: standard deviation of the random initialisation."""
     tokenizer: Path | None = None
-    """A tokenizer.json to use; by default the toy tokenizer is made in code."""
+    """Toy model only: a tokenizer.json to use; by default the toy tokenizer is made in code."""
 
     _tokenizer_exists = field_validator("tokenizer")(_existing_file)
+    _checkpoint_exists = field_validator("hf_checkpoint")(_existing_checkpoint)
 
     @model_validator(mode="after")
-    def _heads_fit(self) -> ModelSpec:
+    def _one_kind_of_model(self) -> ModelSpec:
+        if self.hf_checkpoint is not None:
+            # Compared with the defaults, not with the keys given: a resolved spec, dumped and
+            # loaded again (etcd, spec.json), holds every default.
+            toy_fields = sorted(
+                name for name, field in type(self).model_fields.items()
+                if name != "hf_checkpoint" and getattr(self, name) != field.default
+            )  # fmt: skip
+            if toy_fields:
+                raise ValueError(
+                    f"{', '.join(toy_fields)}: set only for the toy model; with hf_checkpoint the "
+                    f"architecture and tokenizer come from the checkpoint, so remove them"
+                )
+            try:
+                from_hf_config(self.hf_checkpoint)
+            except SpecError as exc:
+                raise ValueError("; ".join(exc.problems)) from None
+            return self
         if self.num_attention_heads % self.num_query_groups:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple "
@@ -94,14 +129,23 @@ class ModelSpec(Component):
             )
         return self
 
+    @property
+    def context_length(self) -> int:
+        """Longest sequence, prompt plus response, that the model takes."""
+        if self.hf_checkpoint is None:
+            return self.max_position_embeddings
+        return from_hf_config(self.hf_checkpoint).max_position_embeddings
+
 
 class DataSpec(Component):
-    """Where prompts come from."""
+    """Where prompts come from, and how they are shown to the model."""
 
-    task: Literal["toy_copy"] | None = "toy_copy"
-    """A built-in task that makes its prompts in code; null when `path` is given."""
+    task: Literal["toy_copy", "arithmetic"] = "toy_copy"
+    """A built-in task that makes its prompts in code: toy_copy (repeat a digit) or arithmetic
+    (word problems with small numbers, the answer as the label). Unused when `path` is given."""
     path: Path | None = None
-    """A JSONL file of prompts (relative paths are taken from the spec's folder)."""
+    """A JSONL file of prompts (relative paths are taken from the spec's folder); when given it
+    replaces `task`."""
     prompt_key: str = "prompt"
     """The JSONL field holding the prompt text."""
     label_key: str = "label"
@@ -110,14 +154,21 @@ class DataSpec(Component):
     """How many prompts a built-in task makes."""
     shuffle: bool = True
     """Shuffle prompts each epoch, with a seed derived from the job seed and the epoch."""
+    apply_chat_template: bool = False
+    """Render each prompt as a user message through the tokenizer's chat template."""
+    system_prompt: str | None = None
+    """With apply_chat_template: a system message before each prompt (else the template's default)."""
 
     _path_exists = field_validator("path")(_existing_file)
 
     @model_validator(mode="after")
-    def _one_source(self) -> DataSpec:
-        if (self.task is None) == (self.path is None):
-            raise ValueError("give exactly one of `task` (a built-in task) or `path` (a JSONL file)")
+    def _system_prompt_needs_template(self) -> DataSpec:
+        if self.system_prompt is not None and not self.apply_chat_template:
+            raise ValueError("system_prompt is used only with apply_chat_template: true")
         return self
+
+
+BUILTIN_REWARDS = ("toy_copy", "exact_match", "boxed_math", "f1", "math")
 
 
 class RolloutSpec(Component):
@@ -144,12 +195,20 @@ class RolloutSpec(Component):
     deterministic: bool = False
     """Seed each sample from (job seed, rollout id, sample index) for bitwise-reproducible rollouts."""
     reward: str = "toy_copy"
-    """A built-in reward (toy_copy, exact_match, boxed_math, f1) or a user function as module:function."""
+    """A built-in reward (toy_copy, exact_match, boxed_math, f1, math) or a user function as
+    module:function taking (prompt, response, label) and returning a float."""
+    max_prompt_len: PositiveInt | None = None
+    """Longest prompt in tokens; a longer one is skipped with an event and counted
+    (rollout/skipped_prompts). Default: what the model's context leaves after max_new_tokens."""
+    stop: list[str] = []
+    """Strings that end a response (besides the tokenizer's end-of-sequence tokens)."""
+    stop_token_ids: list[int] = []
+    """Token ids that end a response, added to the end-of-sequence ids from the checkpoint."""
 
     @field_validator("reward")
     @classmethod
     def _known_reward(cls, value: str) -> str:
-        builtin = ("toy_copy", "exact_match", "boxed_math", "f1")
+        builtin = BUILTIN_REWARDS
         if value in builtin:
             return value
         module, sep, function = value.partition(":")
@@ -226,6 +285,9 @@ class TrainerSpec(Component):
     """AdamW beta2."""
     clip_grad: PositiveFloat = 1.0
     """Global gradient-norm clip."""
+    cpu_threads: PositiveInt = 1
+    """Torch threads of each trainer rank on a CPU node. More is faster where cores are free (in
+    sync mode the engines idle while the trainers train); runs compared bit for bit need the same."""
 
     @model_validator(mode="after")
     def _micro_fits(self) -> TrainerSpec:
@@ -252,6 +314,16 @@ class AlgorithmSpec(Component):
     """Weight of the entropy bonus (entropy is always logged)."""
     normalize_advantages_by_std: bool = True
     """Divide group-centred rewards by the group's standard deviation."""
+    reference: str = "initial"
+    """The KL reference policy: `initial` (the policy's starting weights) or the path of an HF
+    checkpoint of the same architecture."""
+
+    @field_validator("reference")
+    @classmethod
+    def _reference_checkpoint(cls, value: str, info: ValidationInfo) -> str:
+        if value == "initial":
+            return value
+        return str(_existing_checkpoint(Path(value), info))
 
 
 class CheckpointSpec(Component):
@@ -265,17 +337,10 @@ class CheckpointSpec(Component):
     """Also keep every snapshot whose step is a multiple of this; 0 keeps none extra."""
     async_save: bool = True
     """Stage the snapshot and write it in the background."""
-
-
-class NanInjection(Component):
-    """Fault injection: make trainer replicas produce NaN losses at chosen optimizer steps."""
-
-    steps: list[int] = Field(min_length=1)
-    """Optimizer steps (counted over the whole run, from 0) whose loss becomes NaN."""
-    replica: int | None = Field(None, ge=0)
-    """The replica that produces them (a bad device); none: every replica (bad data)."""
-    attempts: int = Field(0, ge=0)
-    """How many tries of each chosen step produce NaN; 0: every try (a persistent fault)."""
+    keep_weights: int = Field(2, ge=2)
+    """Newest exported weight versions kept for the engines; older ones are deleted, except those
+    of kept snapshots (engines start on them after `erl resume --snapshot`) and those superseded
+    less than engines.startup_timeout_s ago (an engine starting on one may still be loading it)."""
 
 
 class FaultToleranceSpec(Component):
@@ -299,8 +364,13 @@ class FaultToleranceSpec(Component):
     """How long `erl stop` waits for processes to exit (trainers finish the rollout in hand and snapshot)."""
     max_consecutive_nan_skips: PositiveInt = 3
     """Non-finite steps skipped in a row before rolling back to the newest snapshot."""
-    inject_nan: NanInjection | None = None
-    """Testing only: produce NaN on purpose (also settable through ERL_INJECT_NAN as JSON)."""
+
+
+class MetricsSpec(Component):
+    """Where each rollout's metrics go besides metrics.jsonl and `erl status`."""
+
+    tensorboard: bool = False
+    """Also write them as TensorBoard event files in <workdir>/tensorboard (`tensorboard --logdir`)."""
 
 
 class JobSpec(Component):
@@ -320,6 +390,7 @@ class JobSpec(Component):
     algorithm: AlgorithmSpec = AlgorithmSpec()
     checkpoints: CheckpointSpec = CheckpointSpec()
     fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
+    metrics: MetricsSpec = MetricsSpec()
 
     @model_validator(mode="after")
     def _batches_fit(self) -> JobSpec:
@@ -336,19 +407,51 @@ class JobSpec(Component):
                 f"a rollout's samples (prompts_per_rollout x n_samples_per_prompt = {per_rollout}) "
                 f"must be a multiple of trainer.global_batch_size ({gbs})"
             )
-        injection = self.fault_tolerance.inject_nan
-        if injection is not None and injection.replica is not None and injection.replica >= self.trainer.replicas:
-            raise ValueError(
-                f"fault_tolerance.inject_nan.replica ({injection.replica}) must name one of the "
-                f"{self.trainer.replicas} trainer replicas (0..{self.trainer.replicas - 1})"
-            )
         tp = self.trainer.tensor_parallel
-        if self.model.num_query_groups % tp:
+        if self.model.hf_checkpoint is not None:
+            policy = from_hf_config(self.model.hf_checkpoint)
+            problems = policy.check_tensor_parallel(tp)
+            if problems:
+                raise ValueError(f"model.hf_checkpoint {self.model.hf_checkpoint}: {'; '.join(problems)}")
+        else:
+            for field in ("num_query_groups", "ffn_hidden_size"):
+                if getattr(self.model, field) % tp:
+                    raise ValueError(
+                        f"model.{field} ({getattr(self.model, field)}) must be a multiple "
+                        f"of trainer.tensor_parallel ({tp})"
+                    )
+        self._check_reference()
+        if self.prompt_limit < 1:
             raise ValueError(
-                f"model.num_query_groups ({self.model.num_query_groups}) must be a multiple "
-                f"of trainer.tensor_parallel ({tp})"
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) leaves no room for a prompt in the "
+                f"model's context of {self.model.context_length} tokens"
             )
         return self
+
+    def _check_reference(self) -> None:
+        reference = self.algorithm.reference
+        if reference == "initial":
+            return
+        if self.algorithm.kl_coef == 0:
+            raise ValueError("algorithm.reference has no effect with algorithm.kl_coef 0; set a kl_coef or remove it")
+        if self.model.hf_checkpoint is None:
+            raise ValueError("algorithm.reference: a reference checkpoint needs a policy from model.hf_checkpoint")
+        if from_hf_config(Path(reference)) != from_hf_config(self.model.hf_checkpoint):
+            raise ValueError(
+                f"algorithm.reference {reference}: its architecture differs from model.hf_checkpoint's"
+            )
+
+    @property
+    def prompt_limit(self) -> int:
+        """Longest prompt in tokens: rollout.max_prompt_len, else what the context leaves for it."""
+        room = self.model.context_length - self.rollout.max_new_tokens
+        return min(self.rollout.max_prompt_len or room, room)
+
+    @property
+    def devices_needed(self) -> int:
+        """Device slots the job takes: one per engine and per trainer rank, warm spares included."""
+        trainer_groups = self.trainer.replicas + self.fault_tolerance.warm_spares
+        return self.engines.count + trainer_groups * self.trainer.tensor_parallel
 
     @property
     def resolved_workdir(self) -> Path:

@@ -1,9 +1,9 @@
-"""The model and engine stack end to end, as `make run` shows it.
+"""The model and engine stack end to end, as `make demo` shows it.
 
     python -m elastic_rl.demo examples/tiny-grpo.yaml
 
 Builds the spec's model with megatron-core, exports it as an HF checkpoint to
-``<workdir>/weights/0`` (and a second one, from another seed, as version 1),
+``runs/<name>-demo/weights/0`` (and a second one, from another seed, as version 1),
 starts the spec's engines (two cpu engines by default) behind sglang-router,
 generates a few completions through the router with their log probabilities,
 then loads version 1 into every engine and generates again.
@@ -40,7 +40,7 @@ def export_two_versions(spec: JobSpec, weights_dir: Path) -> tuple[Path, Path]:
     v0, v1 = weights_dir / "0", weights_dir / "1"
     parameters = export_initial_checkpoint(spec, v0)
     export_initial_checkpoint(spec.model_copy(update={"seed": spec.seed + 1}), v1)
-    print(f"model: megatron-core GPTModel ({spec.model.architecture}), {parameters:,} parameters")
+    print(f"model: megatron-core GPTModel, {parameters:,} parameters")
     print(f"exported HF checkpoints: {v0} (version 0), {v1} (version 1)")
     return v0, v1
 
@@ -77,7 +77,7 @@ async def show_generations(router: RouterClient, tokenizer, spec: JobSpec) -> No
 
 
 async def serve_and_generate(spec: JobSpec, v0: Path, v1: Path, log_dir: Path) -> None:
-    tokenizer = load_tokenizer(v0)
+    tokenizer = load_tokenizer(spec.model)
     engine_ports = [free_port() for _ in range(spec.engines.count)]
     router_port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec)
-        workdir = spec.resolved_workdir
+        # Its own folder: a job of the same spec writes its engine and router logs under its work dir.
+        workdir = Path("runs") / f"{spec.name}-demo"
         v0, v1 = export_two_versions(spec, workdir / "weights")
         asyncio.run(serve_and_generate(spec, v0, v1, workdir / "logs"))
     except ElasticRLError as exc:

@@ -15,5 +15,9 @@ class SpecError(ElasticRLError):
         super().__init__("\n".join(problems))
 
 
+class InputError(ElasticRLError):
+    """A command was given something it cannot use (a missing file, a taken name); exit code 2."""
+
+
 class EngineError(ElasticRLError):
     """An inference engine or the router answered with an error or not at all."""

@@ -27,12 +27,14 @@ LIGHTHOUSE_URL = "ERL_LIGHTHOUSE_URL"
 REPLICA = "ERL_REPLICA"
 DEVICE = "ERL_DEVICE"
 SPARE = "ERL_SPARE"
-
-# Trainer exit codes that erld reads as requests rather than crashes.
-EXIT_ROLLBACK = 75
-"""The trainers rolled back: restart at once, from the newest snapshot."""
-EXIT_DEVICE_QUARANTINED = 76
-"""This replica's device produced non-finite values: mark it failed, restart the replica elsewhere."""
+NODE = "ERL_NODE"
+"""The node whose erld started the process (the chaos harness kills a node's processes by it)."""
+GENERATION = "ERL_GENERATION"
+"""The generation of the process's assignment: a process whose assignment moved on never commits."""
+RENDEZVOUS = "ERL_RENDEZVOUS"
+"""A file in the work dir where rank 0 of a trainer group writes the port of the group's store."""
+ADVERTISE_HOST = "ERL_ADVERTISE_HOST"
+"""The address of the process's node that its servers bind and peers reach."""
 
 SPEC_FILE = "spec.json"
 META_FILE = "meta.json"
@@ -65,18 +67,26 @@ class JobEnv:
         return cls(job=os.environ[JOB], workdir=workdir, spec=spec)
 
 
+def weights_root(workdir: Path) -> Path:
+    return workdir / "weights"
+
+
 def weights_dir(workdir: Path, version: int) -> Path:
-    return workdir / "weights" / str(version)
+    return weights_root(workdir) / str(version)
 
 
 def train_metrics_path(workdir: Path, rollout_id: int) -> Path:
     return workdir / "metrics" / f"train-{rollout_id:06d}.json"
 
 
+def weights_versions(workdir: Path) -> list[int]:
+    """The exported weight versions, oldest first (a folder appears atomically, whole)."""
+    folder = weights_root(workdir)
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+
+
 def latest_weights_version(workdir: Path) -> int | None:
-    folder = workdir / "weights"
-    versions = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
-    return max(versions, default=None)
+    return max(weights_versions(workdir), default=None)
 
 
 def rollout_dir(workdir: Path, rollout_id: int) -> Path:
@@ -103,6 +113,12 @@ def quarantined_rollouts(workdir: Path) -> set[int]:
     return {int(p.stem.removeprefix("rollout-")) for p in folder.glob("rollout-*.json")}
 
 
-def spare_assignment_path(workdir: Path, spare_group: str) -> Path:
-    """erld writes {"replica": k} here when a warm spare takes replica k's place."""
-    return workdir / "spares" / f"{spare_group}.json"
+def rendezvous_path(workdir: Path, group: str, started: int) -> Path:
+    """Where a trainer group that started at ``started`` (ns) meets; a later start meets elsewhere."""
+    return workdir / "rendezvous" / f"{group}-{started}.port"
+
+
+def spare_assignment_path(workdir: Path, spare: str) -> Path:
+    """erld writes {"replica": k, "generation": g} here when the warm spare ``spare-<s>-<generation>``
+    takes replica k's place (a spare started later has another generation, so another file)."""
+    return workdir / "spares" / f"{spare}.json"

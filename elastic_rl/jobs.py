@@ -9,10 +9,11 @@ from typing import Any
 from checkpoints.discovery import newest_committed_snapshot
 from checkpoints.rewind import rewind
 from elastic_rl.config import JobSpec
-from elastic_rl.errors import ElasticRLError
+from elastic_rl.errors import ElasticRLError, InputError
 from elastic_rl.jobenv import committed_rollouts
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
+from elastic_rl.store.devices import ACTIVE_PHASES, all_assignments, free_device_slots, job_statuses, ledger, live_nodes
 
 TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 
@@ -48,13 +49,40 @@ async def submit(store: Store, spec: JobSpec, workdir: Path) -> str:
         raise ElasticRLError(
             f"work dir {workdir} holds a previous run; give another with --workdir, or remove it"
         )
+    if existing is not None:
+        # A finished job of the same name stays listed (`erl list --all`).
+        await store.put(
+            keys.history(job_id, existing.get("submitted", 0.0)),
+            {
+                "job": job_id,
+                "status": existing,
+                "spec": await store.get(keys.job_spec(job_id)) or {},
+                "progress": await store.get(keys.job_progress(job_id)) or {},
+            },
+        )
     await store.delete_prefix(keys.job(job_id))
+    await store.delete_prefix(keys.events(job_id))
+    await store.delete_prefix(keys.assignments(job_id))
     await store.put(keys.job_spec(job_id), spec.model_dump(mode="json"))
     await store.put(
         keys.job_status(job_id),
         {"phase": "pending", "workdir": str(workdir), "submitted": time.time(), "reason": ""},
     )
     return job_id
+
+
+async def history(store: Store) -> list[dict[str, Any]]:
+    """Earlier jobs whose names were reused, oldest first, shaped like ``describe`` without processes."""
+    records = await store.get_prefix(keys.HISTORY)
+    return [
+        {
+            "job": record["job"],
+            "status": record["status"],
+            "progress": record["progress"],
+            "num_rollouts": record["spec"].get("rollout", {}).get("num_rollouts"),
+        }
+        for record in sorted(records.values(), key=lambda record: record["status"].get("submitted", 0.0))
+    ]
 
 
 async def job_ids(store: Store) -> list[str]:
@@ -67,7 +95,15 @@ async def describe(store: Store, job_id: str, events: int = 10) -> dict[str, Any
     if status is None:
         raise ElasticRLError(f"no job {job_id!r}; `erl list` shows the jobs")
     spec = await store.get(keys.job_spec(job_id)) or {}
-    procs = await store.get_prefix(keys.procs(job_id))
+    reported = {keys.last_part(k): v for k, v in (await store.get_prefix(keys.procs(job_id))).items()}
+    assigned = {keys.last_part(k): v for k, v in (await store.get_prefix(keys.assignments(job_id))).items()}
+    # An assigned process its agent has not reported (yet, or its node is gone) shows as assigned.
+    procs = {
+        name: reported.get(name)
+        or {"state": "assigned", "node": assignment["node"], "device": assignment.get("device"), "pid": None, "restarts": 0}
+        for name, assignment in assigned.items()
+    }
+    procs.update({name: record for name, record in reported.items() if name not in procs})
     found_events = await store.get_prefix(keys.events(job_id))
     workdir = Path(status["workdir"])
     snapshot = newest_committed_snapshot(workdir)
@@ -79,7 +115,7 @@ async def describe(store: Store, job_id: str, events: int = 10) -> dict[str, Any
         "rollout_log": [log[0], log[-1]] if log else None,
         "num_rollouts": spec.get("rollout", {}).get("num_rollouts"),
         "progress": await store.get(keys.job_progress(job_id)) or {},
-        "procs": {key.rsplit("/", 1)[1]: value for key, value in sorted(procs.items())},
+        "procs": dict(sorted(procs.items())),
         "events": [found_events[key] for key in sorted(found_events)[-events:]],
     }
 
@@ -115,15 +151,58 @@ async def stop(store: Store, job_id: str) -> str:
 
 
 async def scale(store: Store, job_id: str, engines: int) -> int:
-    """Set a job's engine count; erld adds or removes engines while the job runs. Returns the old count."""
+    """Ask erld for ``engines`` engines; returns how many run now.
+
+    More engines than the job's node has free device slots for is refused
+    (``InputError``): the record holds only what is real or about to be.
+    """
     status = await store.get(keys.job_status(job_id))
     if status is None:
         raise ElasticRLError(f"no job {job_id!r}; `erl list` shows the jobs")
-    if status.get("phase") in TERMINAL_PHASES:
-        raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a pending or running job scales")
-    spec = await store.get(keys.job_spec(job_id))
-    old = status.get("engines", spec["engines"]["count"])
-    # The spec follows, so a resumed job keeps the new count.
-    await store.put(keys.job_spec(job_id), {**spec, "engines": {**spec["engines"], "count": engines}})
+    if status.get("phase") != "running":
+        raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a running job scales")
+    assigned = await store.get_prefix(keys.assignments(job_id))
+    running = sum(1 for key in assigned if keys.last_part(key).startswith("engine-"))
+    if engines > running:
+        free = sum(len(slots) for slots in (await free_device_slots(store, await job_statuses(store))).values())
+        if free < engines - running:
+            raise InputError(
+                f"job {job_id} runs {running} engines; {engines} need {engines - running} more device slots and the "
+                f"cluster has {free} free: ask for at most {running + free}, or free devices"
+            )
     await store.modify(keys.job_status(job_id), lambda current: {**current, "engines": engines})
-    return old
+    return running
+
+
+async def describe_nodes(store: Store) -> dict[str, Any]:
+    """The cluster as `erl nodes` shows it: the leader, and per live node its device slots (free, in use
+    by which process, or failed and why) and the job processes placed there without a slot."""
+    statuses = await job_statuses(store)
+    assignments = await all_assignments(store)
+    failed = await ledger(store)
+    nodes = []
+    for name, info in sorted((await live_nodes(store)).items()):
+        holders: dict[int, str] = {}
+        slotless = []
+        for job_id, procs in assignments.items():
+            if statuses.get(job_id, {}).get("phase") not in ACTIVE_PHASES:
+                continue
+            for proc, assignment in sorted(procs.items()):
+                if assignment["node"] != name:
+                    continue
+                if assignment.get("device") is None:
+                    slotless.append(f"{job_id}/{proc}")
+                else:
+                    holders[assignment["device"]] = f"{job_id}/{proc}"
+        devices = []
+        for index in range(info["devices"]):
+            entry = failed.get(keys.ledger_entry(name, index))
+            if entry is not None and (entry.get("until") is None or entry["until"] > time.time()):
+                devices.append({"device": index, "state": "failed", "reason": entry.get("reason"), "until": entry.get("until")})
+            else:
+                devices.append({"device": index, "state": "in use" if index in holders else "free", "proc": holders.get(index)})
+        nodes.append({
+            "node": name, "advertise_host": info.get("advertise_host"), "pid": info.get("pid"),
+            "devices": devices, "procs_without_device": slotless,
+        })  # fmt: skip
+    return {"leader": await store.get(keys.LEADER), "nodes": nodes}

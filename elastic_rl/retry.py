@@ -21,11 +21,20 @@ async def with_retries(
     retry_on: tuple[type[BaseException], ...],
     attempts: int,
     first_backoff_s: float,
+    before_retry: Callable[[], Awaitable[None]] | None = None,
 ) -> T:
+    """``call`` until it succeeds or ``attempts`` are spent; ``before_retry`` runs before each new try
+    (the etcd client moves to its next endpoint there)."""
+
+    async def prepare(_state) -> None:
+        if before_retry is not None:
+            await before_retry()
+
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(retry_on),
         stop=stop_after_attempt(attempts),
         wait=wait_exponential_jitter(initial=first_backoff_s, max=MAX_BACKOFF_S),
+        before_sleep=prepare,
         reraise=True,
     ):
         with attempt:

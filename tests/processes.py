@@ -15,10 +15,12 @@ from elastic_rl.config import EnginesSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.launcher import start_engine
 from elastic_rl.engines.router import RouterClient, router_command
-from elastic_rl.net import free_port, url
+from elastic_rl.net import LOOPBACK, free_port, url
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "examples" / "tiny-grpo.yaml"
+# Imported by `make models` (a step of `make test`).
+SMOLLM2 = REPO / "models" / "smollm2-135m-instruct"
 
 
 def export_checkpoint(out: Path, *overrides: str) -> Path:
@@ -84,3 +86,24 @@ def router(engines: list[Server], log_dir: Path) -> Iterator[Server]:
         yield server
     finally:
         server.stop()
+
+
+def run_module_ranks(module: str, tp: int, *args) -> None:
+    """Run ``python -m module args`` as `tp` real processes in one gloo group."""
+    port = free_port()
+    processes = []
+    for rank in range(tp):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(tp),
+            "MASTER_ADDR": LOOPBACK,
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+        command = [sys.executable, "-m", module, *map(str, args)]
+        processes.append(subprocess.Popen(command, env=env, cwd=REPO, stderr=subprocess.PIPE))
+    for process in processes:
+        _, stderr = process.communicate(timeout=200)
+        assert process.returncode == 0, stderr.decode()[-3000:]

@@ -30,6 +30,7 @@ class SamplingParams:
     top_k: int = -1
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     seed: int | None = None
 
@@ -43,7 +44,12 @@ class SamplingParams:
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidRequest(f"sampling_params: unknown key(s) {unknown}; known: {sorted(known)}")
-        params = cls(**{**data, "stop_token_ids": tuple(data.get("stop_token_ids") or ())})
+        stop = data.get("stop") or ()
+        params = cls(**{
+            **data,
+            "stop_token_ids": tuple(data.get("stop_token_ids") or ()),
+            "stop": (stop,) if isinstance(stop, str) else tuple(stop),
+        })  # fmt: skip
         params._check()
         return params
 
@@ -54,6 +60,8 @@ class SamplingParams:
             raise InvalidRequest(f"sampling_params.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise InvalidRequest(f"sampling_params.top_k must be -1 or positive, got {self.top_k}")
+        if not all(isinstance(text, str) and text for text in self.stop):
+            raise InvalidRequest(f"sampling_params.stop must be a string or a list of non-empty strings, got {self.stop}")
         if self.max_new_tokens < 0:
             raise InvalidRequest(f"sampling_params.max_new_tokens must be >= 0, got {self.max_new_tokens}")
 

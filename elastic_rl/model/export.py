@@ -1,10 +1,11 @@
-"""Exports a freshly initialised policy as an HF checkpoint: the weights engines start from.
+"""Exports the policy's initial weights as an HF checkpoint: the weights engines start from.
 
     python -m elastic_rl.model.export examples/tiny-grpo.yaml runs/tiny-grpo/weights/0
 
-Builds the spec's model with megatron-core on one CPU rank (seeded by the spec's
-``seed``), gathers its canonical state and writes it with the architecture's
-converter, atomically. An existing folder is left as it is.
+Builds the spec's model with megatron-core on one CPU rank (the toy model from
+the spec's ``seed``, a pretrained one from its checkpoint), gathers its
+canonical state and writes it back in the family's HF layout, as float32,
+atomically. An existing folder is left as it is.
 """
 
 from __future__ import annotations
@@ -15,23 +16,25 @@ from pathlib import Path
 
 from elastic_rl.config import JobSpec, load_spec
 from elastic_rl.errors import SpecError
-from elastic_rl.model.convert import export_hf
-from elastic_rl.model.gpt import build_gpt, destroy_model_parallel, init_model_parallel
+from elastic_rl.model.gpt import destroy_model_parallel, init_model_parallel
 from elastic_rl.model.megatron_state import full_state_dict
-from elastic_rl.model.tokenizer import load_tokenizer, padded_vocab_size
-from elastic_rl.net import free_port
+from elastic_rl.model.convert.hf_import import stored_as_float32
+from elastic_rl.model.source import ModelSource
+from elastic_rl.net import LOOPBACK, free_port
 
 
 def export_initial_checkpoint(spec: JobSpec, directory: Path) -> int:
     """Write the initial weights to ``directory`` unless it exists; return the parameter count."""
-    tokenizer = load_tokenizer(spec.model.tokenizer)
-    vocab_size = padded_vocab_size(tokenizer)
-    init_model_parallel(1, spec.seed, init_method=f"tcp://127.0.0.1:{free_port()}")
+    source = ModelSource.from_spec(spec.model)
+    if source.checkpoint is not None and stored_as_float32(source.checkpoint):
+        # Import then export is the identity for a float32 checkpoint (tested bit for bit): link its files.
+        return source.link_as_export(directory)
+    init_model_parallel(1, spec.seed, init_method=f"tcp://{LOOPBACK}:{free_port()}")
     try:
-        model = build_gpt(spec.model, vocab_size)
+        model = source.build_policy()
         parameters = sum(p.numel() for p in model.parameters())
         if not directory.exists():
-            export_hf(directory, full_state_dict(model), spec.model, vocab_size, tokenizer)
+            source.export(directory, full_state_dict(model))
     finally:
         destroy_model_parallel()
     return parameters
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     parameters = export_initial_checkpoint(spec, args.out)
-    print(f"{args.out}: {spec.model.architecture} model, {parameters:,} parameters")
+    print(f"{args.out}: {parameters:,} parameters")
     return 0
 
 

@@ -1,46 +1,56 @@
-"""Builds the policy as a megatron-core ``GPTModel`` with the Llama architecture.
+"""Builds the policy as a megatron-core ``GPTModel`` from an ``Architecture``.
 
-RMSNorm, SwiGLU, rotary embeddings, grouped-query attention, no biases, untied
-embeddings: the architecture the ``llama`` converter exports to
-``LlamaForCausalLM``. Weights are initialised on the CPU from the full (unsharded)
-tensors, so a given seed gives the same model at every tensor-parallel size.
+RMSNorm, SwiGLU, rotary embeddings and grouped-query attention, with the
+features the supported families add: q/k/v biases (Qwen2), per-head q/k
+RMSNorm (Qwen3), tied input/output embeddings and linear or llama3 rope
+scaling. A from-scratch model is initialised on the CPU from the full
+(unsharded) tensors, so a given seed gives the same model at every
+tensor-parallel size; a pretrained one is filled by ``convert.hf_import``.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
+from torch.distributed import TCPStore
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 
-from elastic_rl.config import ModelSpec
+from elastic_rl.atomic import write_file_atomic
+from elastic_rl.jobenv import RENDEZVOUS
+from elastic_rl.model.architecture import Architecture
 from elastic_rl.model.cpu_shim import apply_cpu_shim
 
 
-def transformer_config(spec: ModelSpec, tensor_parallel: int) -> TransformerConfig:
+def transformer_config(arch: Architecture, tensor_parallel: int) -> TransformerConfig:
     return TransformerConfig(
-        num_layers=spec.num_layers,
-        hidden_size=spec.hidden_size,
-        num_attention_heads=spec.num_attention_heads,
-        num_query_groups=spec.num_query_groups,
-        ffn_hidden_size=spec.ffn_hidden_size,
-        kv_channels=spec.hidden_size // spec.num_attention_heads,
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        kv_channels=arch.head_dim,
         normalization="RMSNorm",
-        layernorm_epsilon=spec.norm_epsilon,
+        layernorm_epsilon=arch.norm_epsilon,
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
-        add_qkv_bias=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        init_method_std=spec.init_method_std,
+        init_method_std=arch.init_method_std,
         tensor_model_parallel_size=tensor_parallel,
         use_cpu_initialization=True,
+        # Also for a model an importer fills: megatron marks the tensor-parallel weights while it
+        # initialises them, and the importer and the gather both read those marks.
         perform_initialization=True,
         params_dtype=torch.float32,
         pipeline_dtype=torch.float32,
@@ -54,25 +64,36 @@ def transformer_config(spec: ModelSpec, tensor_parallel: int) -> TransformerConf
     )
 
 
-def build_gpt(spec: ModelSpec, vocab_size: int, tensor_parallel: int = 1) -> GPTModel:
-    """The policy model on this rank. Model parallelism must be initialised first.
-
-    Its logits stay sharded over the vocabulary (see ``vocab_parallel``).
+def build_gpt(arch: Architecture, tensor_parallel: int = 1) -> GPTModel:
+    """The model on this rank, with random weights from the seeded RNG. Model parallelism must be
+    initialised first. The logits stay sharded over the vocabulary (see ``vocab_parallel``).
     """
-    if vocab_size % tensor_parallel:
-        raise ValueError(f"vocab size {vocab_size} is not divisible by tensor_parallel {tensor_parallel}")
-    return GPTModel(
-        config=transformer_config(spec, tensor_parallel),
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=vocab_size,
-        max_sequence_length=spec.max_position_embeddings,
+    if arch.vocab_size % tensor_parallel:
+        raise ValueError(f"vocab size {arch.vocab_size} is not divisible by tensor_parallel {tensor_parallel}")
+    scaling = arch.rope_scaling
+    model = GPTModel(
+        config=transformer_config(arch, tensor_parallel),
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm),
+        vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
         pre_process=True,
         post_process=True,
         parallel_output=True,
-        share_embeddings_and_output_weights=False,
+        share_embeddings_and_output_weights=arch.tie_embeddings,
         position_embedding_type="rope",
-        rotary_base=int(spec.rope_theta),
+        rotary_base=arch.rope_theta,
+        seq_len_interpolation_factor=scaling.factor if scaling is not None and scaling.kind == "linear" else None,
     )
+    if scaling is not None and scaling.kind == "llama3":
+        rotary = model.rotary_pos_emb
+        rotary.inv_freq = rotary._apply_scaling(
+            rotary.inv_freq,
+            factor=scaling.factor,
+            low_freq_factor=scaling.low_freq_factor,
+            high_freq_factor=scaling.high_freq_factor,
+            original_max_position_embeddings=scaling.original_max_position_embeddings,
+        )
+    return model
 
 
 def init_model_parallel(
@@ -80,21 +101,46 @@ def init_model_parallel(
 ) -> None:
     """Join the process group and set up megatron's groups.
 
-    With no ``init_method`` the group comes from torchrun-style environment
-    variables; a ``tcp://`` init method makes a single-process group. On a
-    CPU-only machine the backend is gloo and the CPU shim is applied.
+    Under erld (``ERL_RENDEZVOUS`` set) the group meets at a store rank 0
+    opens (``rendezvous_store``); otherwise with no ``init_method`` it comes
+    from torchrun-style environment variables, and a ``tcp://`` init method
+    makes a single-process group. On a CPU-only machine the backend is gloo and
+    the CPU shim is applied.
     """
     if not torch.distributed.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        single = {"world_size": 1, "rank": 0} if init_method else {}
-        torch.distributed.init_process_group(
-            backend=backend, init_method=init_method, timeout=timedelta(seconds=timeout_s), **single
-        )
+        timeout = timedelta(seconds=timeout_s)
+        if os.environ.get(RENDEZVOUS):
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            store = rendezvous_store(rank, world, os.environ["MASTER_ADDR"], Path(os.environ[RENDEZVOUS]), timeout)
+            torch.distributed.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        else:
+            single = {"world_size": 1, "rank": 0} if init_method else {}
+            torch.distributed.init_process_group(backend=backend, init_method=init_method, timeout=timeout, **single)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
     apply_cpu_shim(seed)
     torch.manual_seed(seed)
+
+
+def rendezvous_store(rank: int, world_size: int, host: str, path: Path, timeout: timedelta) -> TCPStore:
+    """The replica group's store: rank 0 binds a port the OS picks, writes it to ``path`` (in the
+    shared work dir; the group's ranks share a node), and the others read it there. A port chosen
+    in advance could be taken by any process in the seconds the imports take. MASTER_PORT is set
+    to it, where torchft's Manager looks for the store."""
+    if rank == 0:
+        store = TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False, timeout=timeout)
+        write_file_atomic(path, str(store.port).encode())
+    else:
+        deadline = time.monotonic() + timeout.total_seconds()
+        while not path.is_file():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 of the group did not open its store ({path}) in time")
+            time.sleep(0.05)
+        store = TCPStore(host, int(path.read_text()), world_size, is_master=False, timeout=timeout)
+    os.environ["MASTER_PORT"] = str(store.port)
+    return store
 
 
 def destroy_model_parallel() -> None:

@@ -1,9 +1,11 @@
-"""The toy tokenizer, made in code: one token per character plus special tokens.
+"""The job's tokenizer: the pretrained checkpoint's own, or the toy one made in code.
 
-Nothing is loaded from a hub. ``build_tokenizer`` makes an HF ``tokenizers``
-tokenizer; ``save_tokenizer`` writes it as ``tokenizer.json`` (plus the small
-config files ``transformers`` reads) next to exported weights, so the engines
-and the trainer tokenize identically.
+With ``model.hf_checkpoint`` the tokenizer, its special tokens and its chat
+template come from the checkpoint (``AutoTokenizer``). The toy tokenizer is
+one token per character plus special tokens; ``save_tokenizer`` writes it as
+``tokenizer.json`` (plus the small config files ``transformers`` reads) next
+to exported weights, so the engines and the trainer tokenize identically.
+Nothing is loaded from a hub.
 """
 
 from __future__ import annotations
@@ -11,8 +13,13 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from elastic_rl.config import ModelSpec
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -37,18 +44,25 @@ def as_transformers(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
     )
 
 
-def load_tokenizer(path: Path | None) -> PreTrainedTokenizerFast:
-    """The tokenizer in ``path`` (a tokenizer.json or a folder holding one), else the toy one."""
-    if path is None:
+def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer; for the toy model the spec's tokenizer.json, else the toy one."""
+    if spec.hf_checkpoint is not None:
+        return AutoTokenizer.from_pretrained(str(spec.hf_checkpoint))
+    if spec.tokenizer is None:
         return as_transformers(build_tokenizer())
-    file = path / "tokenizer.json" if path.is_dir() else path
-    return as_transformers(Tokenizer.from_file(str(file)))
+    return as_transformers(Tokenizer.from_file(str(spec.tokenizer)))
 
 
-def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: Path) -> None:
+def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id that right-pads a batch; padding is masked, so end-of-sequence serves where there is no pad."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
     tokenizer.save_pretrained(str(directory))
 
 
-def padded_vocab_size(tokenizer: PreTrainedTokenizerFast) -> int:
+def padded_vocab_size(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The toy model's vocabulary: the tokenizer's, padded to a multiple of VOCAB_MULTIPLE."""
     size = len(tokenizer)
     return -(-size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE

@@ -1,6 +1,6 @@
 """The data source: which prompts a rollout draws, with state that can be saved and restored.
 
-Prompts come from a built-in task or a JSONL file. Each epoch visits every
+Prompts come from a built-in task (``rollout.tasks``) or a JSONL file. Each epoch visits every
 prompt once, in an order shuffled by (job seed, epoch); the source's state is
 just (epoch, offset), so a restored source draws exactly the prompts the lost
 one would have drawn next, and never one twice.
@@ -16,11 +16,7 @@ import orjson
 
 from elastic_rl.config import DataSpec
 from elastic_rl.errors import SpecError
-
-# The toy task: a prompt is a short string and "=", the answer repeats the string.
-TOY_ALPHABET = "0123456789"
-TOY_LENGTH = 1
-
+from elastic_rl.rollout.tasks import TASKS
 
 @dataclass(frozen=True)
 class Prompt:
@@ -30,25 +26,29 @@ class Prompt:
     label: str
 
 
-def toy_copy_records(count: int, seed: int) -> list[tuple[str, str]]:
-    rng = random.Random(seed)
-    records = []
-    for _ in range(count):
-        answer = "".join(rng.choice(TOY_ALPHABET) for _ in range(TOY_LENGTH))
-        records.append((f"{answer}=", answer))
-    return records
+# Bad lines reported at once; a file with more is wrong throughout.
+MAX_REPORTED_LINES = 20
 
 
-def jsonl_records(path: Path, prompt_key: str, label_key: str) -> list[tuple[str, str]]:
-    records = []
-    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+def jsonl_lines(path: Path, prompt_key: str, label_key: str) -> list[tuple[int, str, str]]:
+    """(line number, prompt, label) of each prompt in a JSONL file; every bad line is a ``SpecError``."""
+    records, problems = [], []
+    for line_number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = orjson.loads(line)
-            records.append((str(row[prompt_key]), str(row.get(label_key, ""))))
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise SpecError([f"{path}:{line_number}: not a JSON object with {prompt_key!r}: {exc}"]) from None
+        except orjson.JSONDecodeError as exc:
+            problems.append(f"{path}:{line_number}: not valid JSON ({exc})")
+            continue
+        if not isinstance(row, dict) or not isinstance(row.get(prompt_key), str):
+            problems.append(f"{path}:{line_number}: not a JSON object with a string {prompt_key!r} (data.prompt_key)")
+            continue
+        records.append((line_number, row[prompt_key], str(row.get(label_key, ""))))
+    if len(problems) > MAX_REPORTED_LINES:
+        problems = problems[:MAX_REPORTED_LINES] + [f"{path}: {len(problems) - MAX_REPORTED_LINES} more bad lines"]
+    if problems:
+        raise SpecError(problems)
     if not records:
         raise SpecError([f"{path}: holds no prompts"])
     return records
@@ -57,9 +57,9 @@ def jsonl_records(path: Path, prompt_key: str, label_key: str) -> list[tuple[str
 class DataSource:
     def __init__(self, spec: DataSpec, seed: int):
         if spec.path is not None:
-            self.records = jsonl_records(spec.path, spec.prompt_key, spec.label_key)
+            self.records = [(text, label) for _, text, label in jsonl_lines(spec.path, spec.prompt_key, spec.label_key)]
         else:
-            self.records = toy_copy_records(spec.num_prompts, seed)
+            self.records = TASKS[spec.task](spec.num_prompts, seed)
         self.shuffle = spec.shuffle
         self.seed = seed
         self.epoch = 0

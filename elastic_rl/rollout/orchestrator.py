@@ -4,9 +4,11 @@
 
 For each rollout it makes sure the engines serve the weight version the mode
 prescribes (sync: version N for rollout N; async: version N - 1, so rollout
-N + 1 generates while N trains), generates ``n_samples_per_prompt`` responses
-per prompt, scores them, and commits the batch with the data source's state to
-``rollouts/<N>``. It writes one metrics line per trained rollout to
+N + 1 generates while N trains), draws and renders the prompts (through the
+chat template when the spec asks; a prompt over ``rollout.max_prompt_len``
+tokens is skipped, recorded and replaced by the next one), generates
+``n_samples_per_prompt`` responses per prompt, scores them, and commits the
+batch with the data source's state to ``rollouts/<N>``. It writes one metrics line per trained rollout to
 ``metrics.jsonl`` and the job's progress to etcd, and exits 0 once the last
 rollout is trained.
 """
@@ -29,15 +31,20 @@ from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
-from elastic_rl.model.tokenizer import load_tokenizer
+from elastic_rl.errors import ElasticRLError
+from elastic_rl.fencing import Assignment
+from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
 from elastic_rl.rollout.batch import RolloutBatch, read_rollout, write_rollout
 from elastic_rl.rollout.data import DataSource, Prompt
+from elastic_rl.rollout.metric_sinks import metric_sink
 from elastic_rl.rollout.progress import ProgressReporter
+from elastic_rl.rollout.prompts import render
 from elastic_rl.rollout.rewards import load_reward
 
 log = logging.getLogger("elastic_rl.orchestrator")
 
 POLL_INTERVAL_S = 0.05
+RETRY_ENGINES_S = 1.0
 # With the client's backoff (up to 2 s a try) this rides out about half a minute without engines.
 ROUTER_ATTEMPTS = 16
 
@@ -53,14 +60,19 @@ def sample_seed(job_seed: int, rollout_id: int, sample_index: int) -> int:
 
 
 class Orchestrator:
-    def __init__(self, env: jobenv.JobEnv, router: RouterClient, progress: ProgressReporter):
+    def __init__(
+        self, env: jobenv.JobEnv, router: RouterClient, progress: ProgressReporter, assignment: Assignment | None
+    ):
         self.spec: JobSpec = env.spec
         self.workdir = env.workdir
         self.router = router
         self.progress = progress
-        self.tokenizer = load_tokenizer(self.spec.model.tokenizer)
+        self.tokenizer = load_tokenizer(self.spec.model)
         self.reward = load_reward(self.spec.rollout.reward)
         self.data = DataSource(self.spec.data, self.spec.seed)
+        self.sink = metric_sink(self.spec, self.workdir)
+        # Checked before each commit: only the orchestrator the controller assigned writes the log.
+        self.assignment = assignment
         self.engine_version: int | None = None
         self.commit_times: dict[int, float] = {}
 
@@ -72,35 +84,84 @@ class Orchestrator:
             await asyncio.sleep(POLL_INTERVAL_S)
         return folder
 
-    async def serve_version(self, version: int) -> None:
-        """Load weights ``version`` into every engine behind the router."""
+    async def wait_for_engines(self) -> None:
+        """The router may have no engine yet (they start on other nodes, or are being replaced)."""
+        while not await self.router.worker_urls():
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+    async def serve_version(self, version: int) -> float:
+        """Load weights ``version`` into every engine behind the router; return the seconds the load took.
+
+        An engine that cannot take them is dead or dying: once erld has taken it out of the router it
+        is no longer waited for (its replacement loads the newest weights before it serves).
+        """
         if self.engine_version == version:
-            return
+            return 0.0
         folder = await self.wait_for_weights(version)
-        urls = sorted(await self.router.worker_urls())
-        await asyncio.gather(
-            *(EngineClient(url).update_weights_from_disk(str(folder), str(version)) for url in urls)
-        )
+        started = time.monotonic()
+        pending = set(await self.router.worker_urls())
+        while pending:
+            loads = await asyncio.gather(
+                *(EngineClient(url).update_weights_from_disk(str(folder), str(version)) for url in sorted(pending)),
+                return_exceptions=True,
+            )
+            for url, outcome in zip(sorted(pending), loads):
+                if not isinstance(outcome, Exception):
+                    pending.discard(url)
+                else:
+                    log.warning("engine %s did not load weights %d: %s", url, version, outcome)
+            if pending:
+                await asyncio.sleep(RETRY_ENGINES_S)
+                pending &= await self.router.worker_urls()
         self.engine_version = version
+        return time.monotonic() - started
 
     # --- generation -------------------------------------------------------------
 
-    async def generate(self, rollout_id: int, prompts: list[Prompt]) -> tuple[RolloutBatch, dict[str, float]]:
+    def draw(self) -> tuple[list[tuple[Prompt, list[int]]], list[Prompt]]:
+        """The rollout's prompts with their ids, and the over-long ones skipped on the way.
+
+        A skipped prompt counts as drawn (it is never drawn again); the next prompt takes its place.
+        """
+        wanted, limit = self.spec.rollout.prompts_per_rollout, self.spec.prompt_limit
+        kept: list[tuple[Prompt, list[int]]] = []
+        skipped: list[Prompt] = []
+        while len(kept) < wanted:
+            if len(skipped) >= len(self.data.records):
+                raise ElasticRLError(f"no prompt of the data fits rollout.max_prompt_len ({limit} tokens)")
+            for prompt in self.data.draw(wanted - len(kept)):
+                ids = render(self.tokenizer, self.spec.data, prompt.text)
+                if len(ids) > limit:
+                    skipped.append(prompt)
+                else:
+                    kept.append((prompt, ids))
+        return kept, skipped
+
+    def sampling_params(self, rollout_id: int, index: int) -> dict[str, Any]:
+        spec = self.spec.rollout
+        params: dict[str, Any] = {
+            "temperature": spec.temperature,
+            "top_p": spec.top_p,
+            "top_k": spec.top_k,
+            "max_new_tokens": spec.max_new_tokens,
+        }
+        if spec.stop:
+            params["stop"] = list(spec.stop)
+        if spec.stop_token_ids:
+            params["stop_token_ids"] = list(spec.stop_token_ids)
+        if spec.deterministic:
+            params["sampling_seed"] = sample_seed(self.spec.seed, rollout_id, index)
+        return params
+
+    async def generate(
+        self, rollout_id: int, prompts: list[tuple[Prompt, list[int]]]
+    ) -> tuple[RolloutBatch, dict[str, float]]:
         spec = self.spec.rollout
         started = time.monotonic()
         requests = []
-        for prompt_number, prompt in enumerate(prompts):
-            prompt_ids = self.tokenizer(prompt.text)["input_ids"]
+        for prompt_number, (prompt, prompt_ids) in enumerate(prompts):
             for sample in range(spec.n_samples_per_prompt):
-                params: dict[str, Any] = {
-                    "temperature": spec.temperature,
-                    "top_p": spec.top_p,
-                    "top_k": spec.top_k,
-                    "max_new_tokens": spec.max_new_tokens,
-                }
-                if spec.deterministic:
-                    index = prompt_number * spec.n_samples_per_prompt + sample
-                    params["sampling_seed"] = sample_seed(self.spec.seed, rollout_id, index)
+                params = self.sampling_params(rollout_id, prompt_number * spec.n_samples_per_prompt + sample)
                 requests.append((prompt, prompt_ids, params))
         results = await asyncio.gather(*(self.router.generate(ids, params) for _, ids, params in requests))
         elapsed = time.monotonic() - started
@@ -123,7 +184,7 @@ class Orchestrator:
     def _to_batch(self, requests, results) -> RolloutBatch:
         rows = [ids + r["output_ids"] for (_, ids, _), r in zip(requests, results)]
         width = max(len(row) for row in rows)
-        tokens = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        tokens = torch.full((len(rows), width), pad_token_id(self.tokenizer), dtype=torch.long)
         engine_logprobs = torch.zeros(len(rows), width)
         rewards, versions = [], []
         for i, ((prompt, ids, _), result) in enumerate(zip(requests, results)):
@@ -169,35 +230,57 @@ class Orchestrator:
 
     async def record_trained(self, rollout_id: int) -> None:
         """Once the trainer has applied ``rollout_id``, log its metrics line and progress."""
+        # Written after the weights it reports on; those may already be pruned.
         metrics_file = jobenv.train_metrics_path(self.workdir, rollout_id)
-        await self.wait_for_weights(rollout_id + 1)
         while not metrics_file.is_file():
             await asyncio.sleep(POLL_INTERVAL_S)
         _, meta = read_rollout(self.workdir, rollout_id)
-        line = {"rollout": rollout_id, **meta["metrics"], **orjson.loads(metrics_file.read_bytes())}
+        line = {"rollout": rollout_id, "time": time.time(), **meta["metrics"], **orjson.loads(metrics_file.read_bytes())}
         if rollout_id in self.commit_times:
             line["rollout/commit_time"] = self.commit_times.pop(rollout_id)
         with open(self.workdir / "metrics.jsonl", "ab") as handle:
             handle.write(orjson.dumps(line) + b"\n")
+        self.sink.write(line)
         await self.progress.report(rollout_id, line)
 
     async def run(self) -> None:
         spec = self.spec.rollout
         start = self.resume_point()
         recorded = self.recorded_point()
+        await self.wait_for_engines()
         for rollout_id in range(start, spec.num_rollouts):
-            await self.serve_version(generating_version(rollout_id, spec.mode))
+            load_time = await self.serve_version(generating_version(rollout_id, spec.mode))
             # In async mode this records rollout N - 1, trained while N was generated.
-            while recorded < rollout_id and jobenv.weights_dir(self.workdir, recorded + 1).is_dir():
+            while recorded < rollout_id and jobenv.train_metrics_path(self.workdir, recorded).is_file():
                 await self.record_trained(recorded)
                 recorded += 1
-            prompts = self.data.draw(spec.prompts_per_rollout)
+            prompts, skipped = self.draw()
+            if skipped:
+                await self.progress.event(
+                    "prompts_skipped",
+                    f"{len(skipped)} prompt(s) longer than {self.spec.prompt_limit} tokens skipped",
+                    rollout=rollout_id,
+                    prompts=[[p.index, p.epoch] for p in skipped],
+                )
             batch, metrics = await self.generate(rollout_id, prompts)
             metrics["rollout/weight_version"] = float(self.engine_version)
+            metrics["rollout/skipped_prompts"] = float(len(skipped))
+            metrics["rollout/weights_load_time"] = load_time
             commit_started = time.monotonic()
-            write_rollout(
-                self.workdir, rollout_id, batch, {"data_state": self.data.state_dict(), "metrics": metrics}
-            )
+            meta = {
+                "data_state": self.data.state_dict(),
+                "metrics": metrics,
+                "skipped_prompts": [[p.index, p.epoch] for p in skipped],
+                # Which orchestrator wrote it: the chaos checker proves one writer per rollout with it.
+                "writer": {
+                    "node": os.environ.get(jobenv.NODE),
+                    "generation": self.assignment.generation if self.assignment else None,
+                    "pid": os.getpid(),
+                },
+            }
+            if self.assignment is not None:
+                await self.assignment.exit_if_superseded(self.progress.store)
+            write_rollout(self.workdir, rollout_id, batch, meta)
             commit_time = time.monotonic() - commit_started
             # Kept beside the rollout's metrics; known only once the commit is done.
             self.commit_times[rollout_id] = commit_time
@@ -211,8 +294,10 @@ async def amain() -> None:
     env = jobenv.JobEnv.from_environ()
     # Patient: while erld replaces engines or the router, generation waits rather than fails.
     router = RouterClient(os.environ[jobenv.ROUTER_URL], attempts=ROUTER_ATTEMPTS)
-    async with ProgressReporter.connect(env.job, os.environ.get(jobenv.ETCD)) as progress:
-        await Orchestrator(env, router, progress).run()
+    endpoint = os.environ.get(jobenv.ETCD)
+    assignment = Assignment.from_environ() if endpoint else None
+    async with ProgressReporter.connect(env.job, endpoint, env.workdir) as progress:
+        await Orchestrator(env, router, progress, assignment).run()
 
 
 def main() -> None:

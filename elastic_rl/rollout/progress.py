@@ -1,32 +1,45 @@
-"""The orchestrator's progress report: the job's progress key in etcd.
+"""The orchestrator's reports: the job's progress key in etcd, and its events.
 
-Outside erld (no etcd endpoint) the reporter is a null object that does nothing.
+Outside erld (no etcd endpoint) progress goes nowhere and events only to the log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import socket
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+from elastic_rl.events import EventLog
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 
+log = logging.getLogger("elastic_rl.orchestrator")
+
 
 class ProgressReporter:
-    def __init__(self, job: str, store: Store | None):
+    def __init__(self, job: str, store: Store | None, workdir: Path):
         self.job = job
         self.store = store
+        self.events = EventLog(store, job, workdir, socket.gethostname()) if store is not None else None
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def connect(cls, job: str, endpoint: str | None) -> AsyncIterator[ProgressReporter]:
+    async def connect(cls, job: str, endpoint: str | None, workdir: Path) -> AsyncIterator[ProgressReporter]:
         if endpoint is None:
-            yield cls(job, None)
+            yield cls(job, None, workdir)
             return
         async with Store(endpoint) as store:
-            yield cls(job, store)
+            yield cls(job, store, workdir)
+
+    async def event(self, kind: str, message: str, **fields: Any) -> None:
+        if self.events is None:
+            log.info("%s: %s", kind, message)
+            return
+        await self.events.emit(kind, message, proc="orchestrator", **fields)
 
     async def report(self, rollout_id: int, metrics: dict[str, Any]) -> None:
         if self.store is None:

@@ -12,6 +12,8 @@ import string
 from collections import Counter
 from collections.abc import Callable
 
+from math_verify import parse, verify
+
 from elastic_rl.errors import SpecError
 
 RewardFn = Callable[[str, str, str], float]
@@ -78,11 +80,32 @@ def f1(prompt: str, response: str, label: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    found = NUMBER.findall(text.replace(",", ""))
+    return found[-1] if found else None
+
+
+def math(prompt: str, response: str, label: str) -> float:
+    """1 when the response's final answer equals the label as mathematics (math-verify), else when
+    its last number does."""
+    gold = parse(label)
+    answer = parse(response)
+    if gold and answer and verify(gold, answer):
+        return 1.0
+    number = last_number(response)
+    expected = last_number(label)
+    return float(number is not None and expected is not None and float(number) == float(expected))
+
+
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "toy_copy": toy_copy,
     "exact_match": exact_match,
     "boxed_math": boxed_math,
     "f1": f1,
+    "math": math,
 }
 
 

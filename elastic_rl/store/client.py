@@ -1,12 +1,18 @@
 """The one module that talks to etcd (through aetcd), so the client can be swapped.
 
-Every call has a timeout and is retried (``elastic_rl.retry``) when etcd is
-unreachable; after the last attempt ``StoreUnavailable`` names the endpoint. Values are JSON (orjson, sorted keys).
+The endpoint may list several members of one etcd cluster, comma-separated
+(``http://127.0.0.1:2379,http://127.0.0.1:2381``): a call that finds its member
+unreachable is retried on the next one. Every call has a timeout and is
+retried (``elastic_rl.retry``); after the last attempt ``StoreUnavailable``
+names the endpoints. Values are JSON (orjson, sorted keys). ``commit_if`` is
+the one multi-key write: several puts and deletes, done together only while a
+guard key is still the one the caller saw (the controller's fencing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Callable
 from typing import Any
@@ -39,21 +45,51 @@ def _encode(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
+def _client_for(endpoint: str, timeout_s: float) -> aetcd.Client:
+    parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+    return aetcd.Client(host=parsed.hostname or "127.0.0.1", port=parsed.port or 2379, timeout=timeout_s)
+
+
 class Store:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout_s: float = 5.0, attempts: int = 4):
-        parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
         self.endpoint = endpoint
+        self.members = [member.strip() for member in endpoint.split(",") if member.strip()]
         self.timeout_s = timeout_s
-        self.attempts = attempts
-        self._client = aetcd.Client(host=parsed.hostname or "127.0.0.1", port=parsed.port or 2379, timeout=timeout_s)
+        # With several members, enough attempts to try each at least once.
+        self.attempts = attempts if len(self.members) == 1 else max(attempts, len(self.members) + 1)
+        self._member = 0
+        self._client = _client_for(self.members[0], timeout_s)
+        self._closing: set[asyncio.Task] = set()
 
-    async def _call(self, operation, *args, **kwargs):
+    async def _next_member(self, failed: aetcd.Client) -> None:
+        """Move on from the member behind ``failed``, unless a concurrent call already has."""
+        if len(self.members) < 2 or failed is not self._client:
+            return
+        self._member = (self._member + 1) % len(self.members)
+        self._client = _client_for(self.members[self._member], self.timeout_s)
+        # Other calls may still be in flight on the old channel (the lease keep-alive beside the main
+        # loop): closing it now would cancel them. They finish or time out first.
+        closing = asyncio.create_task(self._close_later(failed))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
+    async def _close_later(self, client: aetcd.Client) -> None:
+        await asyncio.sleep(self.timeout_s)
+        # Closing a channel to a dead member can hang: give it a moment, no more.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.close(), self.timeout_s)
+
+    async def _call(self, operation: Callable[[aetcd.Client], Any]):
+        """``operation(client)`` with a timeout, retried (on the next member, if there are several)."""
+        used = [self._client]
+
+        async def attempt():
+            used[0] = self._client
+            return await asyncio.wait_for(operation(used[0]), self.timeout_s)
+
         try:
             return await with_retries(
-                lambda: asyncio.wait_for(operation(*args, **kwargs), self.timeout_s),
-                _TRANSIENT,
-                self.attempts,
-                first_backoff_s=0.2,
+                attempt, _TRANSIENT, self.attempts, first_backoff_s=0.2, before_retry=lambda: self._next_member(used[0])
             )
         except _TRANSIENT as exc:
             raise StoreUnavailable(f"etcd at {self.endpoint} is unreachable ({type(exc).__name__})") from exc
@@ -70,42 +106,55 @@ class Store:
     # --- keys ---------------------------------------------------------------------
 
     async def get(self, key: str) -> Any | None:
-        found = await self._call(self._client.get, key.encode())
+        found = await self._call(lambda client: client.get(key.encode()))
         return None if found is None else orjson.loads(found.value)
 
     async def get_with_revision(self, key: str) -> tuple[Any | None, int]:
         """The value and its mod revision (0 when absent), for conditional updates."""
-        found = await self._call(self._client.get, key.encode())
+        found = await self._call(lambda client: client.get(key.encode()))
         return (None, 0) if found is None else (orjson.loads(found.value), found.mod_revision)
 
     async def get_prefix(self, prefix: str) -> dict[str, Any]:
-        found = await self._call(self._client.get_prefix, prefix.encode())
+        found = await self._call(lambda client: client.get_prefix(prefix.encode()))
         return {kv.key.decode(): orjson.loads(kv.value) for kv in found}
 
     async def put(self, key: str, value: Any, lease: aetcd.Lease | None = None) -> None:
-        await self._call(self._client.put, key.encode(), _encode(value), lease=lease)
+        await self._call(lambda client: client.put(key.encode(), _encode(value), lease=lease))
+
+    async def _transaction(self, compare, success) -> bool:
+        """One etcd transaction, built against whichever member the call reaches."""
+
+        def run(client: aetcd.Client):
+            tx = client.transactions
+            return client.transaction(compare=compare(tx), success=success(tx), failure=[])
+
+        succeeded, _ = await self._call(run)
+        return succeeded
 
     async def create(self, key: str, value: Any, lease: aetcd.Lease | None = None) -> bool:
         """Put ``key`` only if it does not exist (create_revision == 0); True if this call created it."""
-        tx = self._client.transactions
-        succeeded, _ = await self._call(
-            self._client.transaction,
-            compare=[tx.create(key.encode()) == 0],
-            success=[tx.put(key.encode(), _encode(value), lease=lease)],
-            failure=[],
+        return await self._transaction(
+            lambda tx: [tx.create(key.encode()) == 0],
+            lambda tx: [tx.put(key.encode(), _encode(value), lease=lease)],
         )
-        return succeeded
 
-    async def update_if(self, key: str, value: Any, mod_revision: int) -> bool:
+    async def update_if(self, key: str, value: Any, mod_revision: int, lease: aetcd.Lease | None = None) -> bool:
         """Put ``key`` only if nobody changed it since ``mod_revision``; True if it was written."""
-        tx = self._client.transactions
-        succeeded, _ = await self._call(
-            self._client.transaction,
-            compare=[tx.mod(key.encode()) == mod_revision],
-            success=[tx.put(key.encode(), _encode(value))],
-            failure=[],
+        return await self._transaction(
+            lambda tx: [tx.mod(key.encode()) == mod_revision],
+            lambda tx: [tx.put(key.encode(), _encode(value), lease=lease)],
         )
-        return succeeded
+
+    async def commit_if(
+        self, guard: str, guard_revision: int, puts: dict[str, Any], deletes: tuple[str, ...] = ()
+    ) -> bool:
+        """Every put and delete at once, only while ``guard`` still has ``guard_revision`` as its mod
+        revision (never changed since the caller read it); True if they were done."""
+        return await self._transaction(
+            lambda tx: [tx.mod(guard.encode()) == guard_revision],
+            lambda tx: [tx.put(key.encode(), _encode(value)) for key, value in puts.items()]
+            + [tx.delete(key.encode()) for key in deletes],
+        )
 
     async def modify(self, key: str, change: Callable[[Any], Any], attempts: int = 20) -> Any:
         """Read-modify-write ``key`` conditional on its mod revision; returns the value written.
@@ -122,23 +171,34 @@ class Store:
         raise StoreUnavailable(f"{key} kept changing under {attempts} attempts to update it")
 
     async def delete(self, key: str) -> None:
-        await self._call(self._client.delete, key.encode())
+        await self._call(lambda client: client.delete(key.encode()))
 
     async def delete_prefix(self, prefix: str) -> None:
-        await self._call(self._client.delete_prefix, prefix.encode())
+        await self._call(lambda client: client.delete_prefix(prefix.encode()))
 
     # --- leases -------------------------------------------------------------------
+    # By id, so a lease granted through one member is refreshed or revoked through another.
 
     async def lease(self, ttl_s: int) -> aetcd.Lease:
-        return await self._call(self._client.lease, ttl_s)
+        return await self._call(lambda client: client.lease(ttl_s))
 
     async def refresh(self, lease: aetcd.Lease) -> None:
         try:
-            await self._call(lease.refresh)
+            response = await self._call(lambda client: client.refresh_lease(lease.id))
         except etcd_errors.ClientError as exc:
             if isinstance(exc, _TRANSIENT):
                 raise
             raise LeaseExpired(f"lease {lease.id} is gone: {exc}") from exc
+        if response is not None and getattr(response, "TTL", 1) <= 0:
+            raise LeaseExpired(f"lease {lease.id} expired")
 
     async def revoke(self, lease: aetcd.Lease) -> None:
-        await self._call(lease.revoke)
+        await self.revoke_lease_id(lease.id)
+
+    async def revoke_lease_id(self, lease_id: int) -> None:
+        """Revoke a lease (one of a dead process's too); one already gone is fine."""
+        try:
+            await self._call(lambda client: client.revoke_lease(lease_id))
+        except etcd_errors.ClientError as exc:
+            if isinstance(exc, _TRANSIENT):
+                raise

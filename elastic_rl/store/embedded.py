@@ -26,20 +26,25 @@ class EtcdMissing(ElasticRLError):
     """The etcd binary is not installed."""
 
 
-def etcd_command(data_dir: Path, client_port: int, peer_port: int) -> list[str]:
+def etcd_command(
+    data_dir: Path, client_port: int, peer_port: int, name: str = "erl", initial_cluster: str | None = None
+) -> list[str]:
+    """One etcd member on loopback; ``initial_cluster`` (name=peer URL, comma-separated) for a member
+    of several, else a cluster of one."""
     binary = shutil.which("etcd")
     if binary is None:
         raise EtcdMissing(f"no `etcd` binary on PATH for the embedded etcd; {INSTALL_HINT}")
     client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
     return [
         binary,
-        "--name", "erl",
+        "--name", name,
         "--data-dir", str(data_dir),
         "--listen-client-urls", client,
         "--advertise-client-urls", client,
         "--listen-peer-urls", peer,
         "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", f"erl={peer}",
+        "--initial-cluster", initial_cluster or f"{name}={peer}",
+        "--initial-cluster-state", "new",
         "--logger", "zap",
         "--log-level", "warn",
     ]  # fmt: skip

@@ -1,14 +1,25 @@
 """The etcd key layout, in one place.
 
-    /erl/nodes/<node>                      a live erld (bound to its lease)
-    /erl/leader                            the controller's node name (bound to its lease)
-    /erl/devices/<node>/<device>           a device slot and its state
+    /erl/nodes/<node>                      a live erld: host, advertise host, pid, device count
+                                           (bound to its node lease)
+    /erl/leader                            the controller's node name (bound to its lease); every
+                                           controller write is conditional on it being unchanged
+    /erl/devices/<node>/<device>           a device slot of a live node (bound to the node lease)
+    /erl/ledger/<node>/<device>            a device marked failed: reason, since, until (no lease:
+                                           it outlives erld until `erl devices reset` or its cool-down)
     /erl/jobs/<job>/spec                   the validated job spec (JSON)
-    /erl/jobs/<job>/status                 phase (pending, running, stopping, stopped,
-                                           succeeded, failed), reason, node, times
+    /erl/jobs/<job>/status                 phase (pending, running, stopping, stopped, succeeded,
+                                           failed), reason, work dir, times, wanted engine count
     /erl/jobs/<job>/progress               rollout, weight version, reward: from the orchestrator
-    /erl/jobs/<job>/procs/<proc>           a job process: state, pid, port, restarts (lease)
-    /erl/jobs/<job>/events/<seq>           an event: time, kind, process, message
+    /erl/jobs/<job>/procs/<proc>           a running job process as its agent reports it: node,
+                                           state, pid, port, device, generation, restarts (bound
+                                           to the agent's node lease)
+    /erl/assign/<job>/<proc>               the controller's assignment of a process: node, device
+                                           slots, port, generation; an agent runs exactly what is
+                                           assigned to its node, at the generation assigned
+    /erl/events/<job>/<seq>                an event: time, kind, process, node, message
+    /erl/history/<job>/<submitted>         an earlier, finished job of that name: its status,
+                                           progress and spec, kept when the name is reused
 
 Values are JSON. Small coordinating facts only: bulk data lives in the job's work dir.
 """
@@ -20,6 +31,10 @@ NODES = f"{ROOT}/nodes/"
 LEADER = f"{ROOT}/leader"
 JOBS = f"{ROOT}/jobs/"
 DEVICES = f"{ROOT}/devices/"
+LEDGER = f"{ROOT}/ledger/"
+ASSIGN = f"{ROOT}/assign/"
+EVENTS = f"{ROOT}/events/"
+HISTORY = f"{ROOT}/history/"
 
 
 def node(name: str) -> str:
@@ -32,6 +47,10 @@ def devices(node_name: str) -> str:
 
 def device(node_name: str, index: int) -> str:
     return f"{devices(node_name)}{index}"
+
+
+def ledger_entry(node_name: str, index: int) -> str:
+    return f"{LEDGER}{node_name}/{index}"
 
 
 def job(job_id: str) -> str:
@@ -58,14 +77,33 @@ def proc(job_id: str, name: str) -> str:
     return f"{procs(job_id)}{name}"
 
 
+def assignments(job_id: str) -> str:
+    return f"{ASSIGN}{job_id}/"
+
+
+def assignment(job_id: str, name: str) -> str:
+    return f"{assignments(job_id)}{name}"
+
+
 def events(job_id: str) -> str:
-    return f"{job(job_id)}events/"
+    return f"{EVENTS}{job_id}/"
 
 
 def event(job_id: str, sequence: int) -> str:
     return f"{events(job_id)}{sequence:012d}"
 
 
+def history(job_id: str, submitted: float) -> str:
+    return f"{HISTORY}{job_id}/{submitted:.6f}"
+
+
 def job_id_of(key: str) -> str:
-    """The job id in a key under /erl/jobs/."""
-    return key[len(JOBS) :].split("/", 1)[0]
+    """The job id in a key under /erl/jobs/, /erl/assign/ or /erl/events/."""
+    for prefix in (JOBS, ASSIGN, EVENTS):
+        if key.startswith(prefix):
+            return key[len(prefix) :].split("/", 1)[0]
+    raise ValueError(f"{key} is not a job's key")
+
+
+def last_part(key: str) -> str:
+    return key.rsplit("/", 1)[1]

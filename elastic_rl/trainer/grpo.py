@@ -27,7 +27,6 @@ from elastic_rl.config import JobSpec
 from elastic_rl.model.gpt import forward_gpt
 from elastic_rl.model.vocab_parallel import entropy, token_log_probs
 from elastic_rl.rollout.batch import RolloutBatch
-from elastic_rl.trainer.nan_injection import NanInjector
 from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere
 
 
@@ -78,7 +77,8 @@ def grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
     return (sharded + replicated).sqrt()
 
 
-METRIC_NAMES = ("loss", "pg_loss", "ppo_kl", "entropy", "clipfrac", "kl")
+# Sums over the step's samples, all-reduced across replicas; samples_per_step proves the global batch was whole.
+METRIC_NAMES = ("loss", "pg_loss", "ppo_kl", "entropy", "clipfrac", "kl", "samples_per_step")
 
 
 class NonFiniteStep(RuntimeError):
@@ -109,6 +109,9 @@ class RolloutContext:
     """The policy's log probs before the rollout's first step: PPO's "old" policy."""
     ref_logp: torch.Tensor | None
     logprob_gap: float
+    """Largest |trainer - engine| log prob over the response tokens."""
+    ref_gap: float | None
+    """Largest |reference - policy| log prob over the response tokens; 0 on rollout 0."""
     metrics: StepMetrics = field(default_factory=StepMetrics)
     started: float = field(default_factory=time.monotonic)
 
@@ -140,7 +143,6 @@ class GrpoTrainer:
         replica: int,
         reference=None,
         before_optimizer_step=None,
-        injector: NanInjector | None = None,
     ):
         self.spec = spec
         # Called before each optimizer step, which changes the state a snapshot may still be copying;
@@ -152,7 +154,6 @@ class GrpoTrainer:
         self.manager = manager
         self.replica = replica
         self.reference = reference
-        self.injector = injector
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self.consecutive_skips = 0
 
@@ -178,18 +179,15 @@ class GrpoTrainer:
         else:
             old_logp = self._log_probs(self.model, batch)
             gap = ((old_logp - batch.engine_logprobs).abs() * mask).max().item()
+        ref_gap = None if ref_logp is None else ((ref_logp - old_logp).abs() * mask).max().item()
         context = RolloutContext(
-            rollout_id, batch, mask, advantages.unsqueeze(1) * mask, old_logp, ref_logp, gap
+            rollout_id, batch, mask, advantages.unsqueeze(1) * mask, old_logp, ref_logp, gap, ref_gap
         )
         if healed is not None:
             context.metrics.values = {name: list(values) for name, values in healed["metrics"].items()}
         return context
 
-    def _poisoned(self, step: int) -> bool:
-        """Whether the fault-injection switch makes this computation of ``step`` NaN."""
-        return self.injector is not None and self.injector.poison(step)
-
-    def _shard_loss(self, ctx: RolloutContext, rows: torch.Tensor, global_tokens: int, poison: bool, backward: bool) -> torch.Tensor:
+    def _shard_loss(self, ctx: RolloutContext, rows: torch.Tensor, global_tokens: int, backward: bool) -> torch.Tensor:
         """Forward (and backward) over ``rows``; returns the metric sums in METRIC_NAMES order."""
         spec = self.spec
         sums = torch.zeros(len(METRIC_NAMES))
@@ -206,8 +204,6 @@ class GrpoTrainer:
                 loss_tokens = loss_tokens + spec.algorithm.kl_coef * kl
                 kl_sum = reduce_global(kl.detach(), m, global_tokens).item()
             loss = reduce_global(loss_tokens, m, global_tokens)
-            if poison:
-                loss = loss * float("nan")
             if backward:
                 loss.backward()
             sums += torch.tensor([
@@ -217,6 +213,7 @@ class GrpoTrainer:
                 reduce_global(ent.detach(), m, global_tokens).item(),
                 reduce_global(clipped, m, global_tokens).item(),
                 kl_sum,
+                len(mb),
             ])  # fmt: skip
         return sums
 
@@ -224,7 +221,6 @@ class GrpoTrainer:
         """Step ``index`` of the rollout, under the quorum the caller has started."""
         spec = self.spec
         step_started = time.monotonic()
-        global_step = self.manager.current_step()
         replicas = spec.trainer.replicas
         global_batch = spec.trainer.global_batch_size
         rows = torch.arange(index * global_batch, (index + 1) * global_batch)
@@ -233,7 +229,7 @@ class GrpoTrainer:
         global_tokens = int(ctx.mask[rows].sum().item())
 
         self.optimizer.zero_grad(set_to_none=False)
-        sums = self._shard_loss(ctx, shards[rank], global_tokens, self._poisoned(global_step), backward=True)
+        sums = self._shard_loss(ctx, shards[rank], global_tokens, backward=True)
         local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
 
         # One all-reduce: gradients, metric sums, and per replica slot its verdict and its shard.
@@ -257,7 +253,7 @@ class GrpoTrainer:
                 reduced_finite=bool(flat.isfinite().all()),
             )
             if health.nonfinite:
-                health = self._recompute(ctx, health, shards, verdicts, global_tokens, global_step)
+                health = self._recompute(ctx, health, shards, verdicts, global_tokens)
             decision = decide(health, self.consecutive_skips, spec.fault_tolerance.max_consecutive_nan_skips)
             if decision.response is not Response.COMMIT:
                 self.manager.report_error(NonFiniteStep(decision.reason))
@@ -282,14 +278,14 @@ class GrpoTrainer:
     @torch.no_grad()
     def _recompute(
         self, ctx: RolloutContext, health: StepHealth, shards: tuple[torch.Tensor, ...], verdicts: torch.Tensor,
-        global_tokens: int, global_step: int,
+        global_tokens: int,
     ) -> StepHealth:
         """Rerun each non-finite shard on its own replica, then the persistent ones on a healthy replica."""
         replicas = self.spec.trainer.replicas
 
         def finite_on(shard_owner: int) -> float:
             shard = shards[int(verdicts[replicas + shard_owner].item()) - 1]
-            sums = self._shard_loss(ctx, shard, global_tokens, self._poisoned(global_step), backward=False)
+            sums = self._shard_loss(ctx, shard, global_tokens, backward=False)
             return 1.0 if bool(sums.isfinite().all()) else 0.0
 
         rerun = torch.zeros(replicas)
@@ -309,6 +305,8 @@ class GrpoTrainer:
     def rollout_metrics(self, ctx: RolloutContext) -> dict[str, float]:
         result = {f"train/{name}": value for name, value in ctx.metrics.means().items()}
         result["train/logprob_abs_diff_max"] = ctx.logprob_gap
+        if ctx.ref_gap is not None:
+            result["train/ref_logprob_abs_diff_max"] = ctx.ref_gap
         # The snapshot gate's cost is the rollout's total, not a per-step mean.
         result["train/snapshot_gate_time"] = sum(ctx.metrics.values.get("snapshot_gate_time", []))
         result["train/lr"] = self.scheduler.get_last_lr()[0]

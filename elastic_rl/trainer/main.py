@@ -40,20 +40,21 @@ import torch
 from torchft import Manager, ProcessGroupGloo
 
 from checkpoints.discovery import SnapshotInfo, newest_valid_snapshot
-from checkpoints.retention import apply_retention
+from checkpoints.retention import apply_retention, prune_weights
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.events import emit_event
-from elastic_rl.model.convert import export_hf
-from elastic_rl.model.gpt import build_gpt, init_model_parallel
+from elastic_rl.fencing import Assignment
+from elastic_rl.model.gpt import init_model_parallel
 from elastic_rl.model.megatron_state import full_state_dict
-from elastic_rl.model.tokenizer import load_tokenizer, padded_vocab_size
+from elastic_rl.model.source import ModelSource
 from elastic_rl.net import LOOPBACK
 from elastic_rl.rollout.batch import read_rollout
 from elastic_rl.trainer.grpo import GrpoTrainer, RolloutContext, lr_lambda
 from elastic_rl.trainer.heal_transport import LoopbackTransport
-from elastic_rl.trainer.nan_injection import injector_for
+from elastic_rl.trainer.nan_injection import install_from_environment
+from policies.exits import EXIT_DEVICE_QUARANTINED, EXIT_ROLLBACK
 from policies.nan_guard import Response
 
 log = logging.getLogger("elastic_rl.trainer")
@@ -87,15 +88,17 @@ def wait_for_rollout(workdir: Path, rollout_id: int, stop: StopRequest, publishe
     return True
 
 
-def wait_for_assignment(workdir: Path, spare_group: str, stop: StopRequest) -> int | None:
-    """Wait as a warm spare until erld assigns a replica; None if a stop came first."""
-    path = jobenv.spare_assignment_path(workdir, spare_group)
-    log.info("warm spare %s ready", spare_group)
+def wait_for_assignment(workdir: Path, spare: str, stop: StopRequest) -> tuple[int, int] | None:
+    """Wait as warm spare ``spare`` (spare-<s>-<generation>) until erld gives it a replica's place;
+    the replica and the generation of its assignment, or None if a stop came first."""
+    path = jobenv.spare_assignment_path(workdir, spare)
+    log.info("warm spare %s ready", spare)
     while not path.is_file():
         if stop.requested:
             return None
         time.sleep(SPARE_POLL_INTERVAL_S)
-    return int(orjson.loads(path.read_bytes())["replica"])
+    given = orjson.loads(path.read_bytes())
+    return int(given["replica"]), int(given["generation"])
 
 
 def main() -> None:
@@ -106,17 +109,16 @@ def main() -> None:
     device = os.environ.get(jobenv.DEVICE)
     stop = StopRequest()
     torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
+    torch.set_num_threads(spec.trainer.cpu_threads)
 
     init_model_parallel(tp, spec.seed)
     rank = torch.distributed.get_rank()
-    tokenizer = load_tokenizer(spec.model.tokenizer)
-    vocab_size = padded_vocab_size(tokenizer)
-    model = build_gpt(spec.model, vocab_size, tp)
+    source = ModelSource.from_spec(spec.model)
+    model = source.build_policy()
     reference = None
     if spec.algorithm.kl_coef > 0:
-        # The same seed builds the same initial weights: the frozen reference policy.
-        reference = build_gpt(spec.model, vocab_size, tp).eval().requires_grad_(False)
+        # Taken before any snapshot or heal: a restarted replica builds the same reference.
+        reference = source.build_reference(model, spec.algorithm.reference)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=spec.trainer.lr,
@@ -127,15 +129,18 @@ def main() -> None:
     total_steps = spec.rollout.num_rollouts * steps_per_rollout
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, total_steps))
 
+    assignment = Assignment.from_environ()
     spare = os.environ.get(jobenv.SPARE)
     if spare is None:
         replica = int(os.environ.get(jobenv.REPLICA, "0"))
     else:
         # A warm spare: imports done, model built; it becomes a replica when erld says which.
-        replica = wait_for_assignment(workdir, f"spare-{spare}", stop)
-        if replica is None:
+        given = wait_for_assignment(workdir, f"spare-{spare}-{assignment.generation}", stop)
+        if given is None:
             return
+        replica, generation = given
         promoted = time.monotonic()
+        assignment.take_over(f"trainer-{replica}-{rank}", generation)
     proc = f"trainer-{replica}-{rank}"
 
     context: RolloutContext | None = None
@@ -157,6 +162,7 @@ def main() -> None:
 
     ft = spec.fault_tolerance
     collective_timeout = timedelta(seconds=ft.collective_timeout_s)
+    host = os.environ.get(jobenv.ADVERTISE_HOST, LOOPBACK)  # what peers reach this replica at
     manager = Manager(
         pg=ProcessGroupGloo(timeout=collective_timeout),
         min_replica_size=1,
@@ -164,13 +170,13 @@ def main() -> None:
         state_dict=heal_state,
         replica_id=f"{env.job}-replica{replica}",
         lighthouse_addr=os.environ[jobenv.LIGHTHOUSE_URL],
-        hostname=LOOPBACK,
+        hostname=host,
         rank=rank,
         world_size=tp,
         use_async_quorum=False,
         # Every replica starts from the same seeded weights or the same snapshot.
         init_sync=False,
-        checkpoint_transport=LoopbackTransport(collective_timeout),
+        checkpoint_transport=LoopbackTransport(collective_timeout, host),
         timeout=collective_timeout,
         quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
         connect_timeout=collective_timeout,
@@ -183,6 +189,10 @@ def main() -> None:
     first_rollout = snapshot.last_rollout + 1 if snapshot is not None else 0
     manager.load_state_dict({"step": first_rollout * steps_per_rollout, "batches_committed": 0})
     load_time = 0.0
+    if rank == 0:
+        imports = IMPORTS_DONE - psutil.Process().create_time()
+        emit_event("trainer_ready", f"imports {imports:.2f}s, setup {setup_time:.2f}s; asks for a quorum next", proc,
+                   device=device, imports_s=imports, setup_s=setup_time)  # fmt: skip
 
     def retain(step: int, path: Path) -> None:
         log.info("snapshot %d committed: %s", step, path)
@@ -193,11 +203,9 @@ def main() -> None:
         emit_event("snapshot_failed", f"snapshot {step} not saved ({error}); the next one tries again", proc, step=step)
 
     snapshots = SnapshotWriter(workdir, spec.checkpoints.async_save, on_committed=retain, on_failed=save_failed)
-    trainer = GrpoTrainer(
-        spec, model, optimizer, scheduler, manager, replica, reference, snapshots.wait_staged,
-        injector_for(spec, replica),
-    )  # fmt: skip
-    publisher = RolloutPublisher(spec, workdir, model, vocab_size, tokenizer)
+    trainer = GrpoTrainer(spec, model, optimizer, scheduler, manager, replica, reference, snapshots.wait_staged)
+    install_from_environment(trainer, replica)  # the chaos harness's NaN fault, if it set one
+    publisher = RolloutPublisher(spec, workdir, model, source)
     spec_hash = jobenv.spec_hash(spec)
     # The rollouts already committed when the trainer starts are a replay (a resume).
     replay_end = max(jobenv.committed_rollouts(workdir), default=-1)
@@ -212,11 +220,13 @@ def main() -> None:
             for _ in range(steps_per_rollout):
                 scheduler.step()
             manager.load_state_dict({"step": position + steps_per_rollout, "batches_committed": 0})
+            assignment.exit_if_superseded_blocking()
             publisher.publish(rollout_id, {"train/quarantined": 1.0}, exporter=leader)
             continue
         if index == 0 and (stop.requested or not wait_for_rollout(workdir, rollout_id, stop, publisher)):
             if leader and trained_any:
                 # The final snapshot of `erl stop`: the state after the last rollout applied.
+                assignment.exit_if_superseded_blocking()
                 snapshots.save(state, scheduler.last_epoch, rollout_id - 1, spec_hash)
             break
         healed.clear()
@@ -261,6 +271,8 @@ def main() -> None:
             continue
         metrics = trainer.rollout_metrics(context)
         version = rollout_id + 1
+        # Nothing is committed by a replica whose assignment a newer instance holds.
+        assignment.exit_if_superseded_blocking()
         # Replica leader snapshots for the job; the others hold the same state.
         if leader and version % spec.checkpoints.interval_rollouts == 0:
             stall_started = time.monotonic()
@@ -291,10 +303,10 @@ def respond_to_nan(outcome, workdir: Path, proc: str, device: str | None, step: 
         )
         if outcome.leader and rank == 0:
             emit_event("rollout_quarantined", f"{decision.reason}; rolling back to the newest snapshot", proc, **where)
-        sys.exit(jobenv.EXIT_ROLLBACK)
+        sys.exit(EXIT_ROLLBACK)
     elif decision.response is Response.QUARANTINE_DEVICE and replica in decision.replicas:
         emit_event("device_quarantined", decision.reason, proc, **where)
-        sys.exit(jobenv.EXIT_DEVICE_QUARANTINED)
+        sys.exit(EXIT_DEVICE_QUARANTINED)
 
 
 class RolloutPublisher:
@@ -306,9 +318,8 @@ class RolloutPublisher:
     while it waits for the next rollout (no collective is needed there).
     """
 
-    def __init__(self, spec, workdir: Path, model, vocab_size: int, tokenizer):
-        self.spec, self.workdir, self.model = spec, workdir, model
-        self.vocab_size, self.tokenizer = vocab_size, tokenizer
+    def __init__(self, spec, workdir: Path, model, source: ModelSource):
+        self.spec, self.workdir, self.model, self.source = spec, workdir, model, source
         self.rank0 = torch.distributed.get_rank() == 0
         self.pending: tuple[int, dict, dict] | None = None
         self.pending_since = 0.0
@@ -337,14 +348,17 @@ class RolloutPublisher:
     def _write(self, rollout_id: int, weights: dict, metrics: dict) -> None:
         version = rollout_id + 1
         target = jobenv.weights_dir(self.workdir, version)
-        # A replayed rollout reproduces the weights it exported before: keep those.
-        if not target.exists():
+        # A replayed rollout reproduces weights exported before: kept, or pruned as no longer needed.
+        if not target.exists() and version > (jobenv.latest_weights_version(self.workdir) or 0):
+            started = time.monotonic()
             try:
-                export_hf(target, weights, self.spec.model, self.vocab_size, self.tokenizer)
+                self.source.export(target, weights)
             except OSError:
                 if not target.exists():
                     raise  # not another replica's export of the same version: a real failure
+            metrics = {**metrics, "train/export_time": time.monotonic() - started}
         write_file_atomic(jobenv.train_metrics_path(self.workdir, rollout_id), orjson.dumps(metrics))
+        prune_weights(self.workdir, self.spec.checkpoints.keep_weights, self.spec.engines.startup_timeout_s)
         log.info("rollout %d trained: weights version %d %s", rollout_id, version, metrics)
 
 

@@ -10,7 +10,7 @@ from tests.integration.erld_support import daemon  # noqa: F401 (a fixture for t
 from tests.processes import export_checkpoint
 
 # Long enough for generations that are still running when a test acts on them.
-LONG_CONTEXT = "model.max_position_embeddings=512"
+LONG_CONTEXT = "model.max_position_embeddings=32768"
 
 
 @pytest.fixture(scope="session")

@@ -2,52 +2,25 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
-from elastic_rl.net import free_port
-from tests.processes import REPO, SPEC
+from chaos.runner import erl, job_status
+from chaos.runner import run_job as chaos_run_job
+from chaos.scenario import Fault, FaultKind
+from chaos.topology import Topology
+from elastic_rl.config import load_spec
+from tests.processes import SPEC
 
 STOP_AND_RESUME = "erl stop + erl resume"
-
-
-def erl(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "elastic_rl.cli", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO, check=check,
-    )  # fmt: skip
-
-
-class Daemon:
-    """`erl daemon` with an embedded etcd, its systemd notify socket captured."""
-
-    def __init__(self, state_dir: Path, port: int, notify_path: Path):
-        self.state_dir, self.port, self.notify_path = state_dir, port, notify_path
-        self.endpoint = f"http://127.0.0.1:{port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path)}
-        log = open(self.state_dir / "erld-test.log", "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(self.state_dir),
-             "--etcd-port", str(self.port), "--cpu-devices", "8", "--node", "test-node"],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def wait_ready(self, notify: socket.socket, timeout: float = 60) -> list[str]:
-        messages = receive(notify, timeout, until="READY=1", process=self.process)
-        assert any(m.startswith("READY=1") for m in messages), (self.state_dir / "erld-test.log").read_text()
-        return messages
 
 
 def receive(sock: socket.socket, timeout: float, until: str, process: subprocess.Popen | None = None) -> list[str]:
@@ -65,40 +38,34 @@ def receive(sock: socket.socket, timeout: float, until: str, process: subprocess
     return messages
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    notify_path = tmp_path / "notify.sock"
+@contextlib.contextmanager
+def running_daemon(root: Path) -> Iterator[Topology]:
+    """One erld (node "test-node", 8 device slots, an embedded etcd) with its systemd notify socket
+    captured as ``.notify``, stopped at the end."""
+    notify_path = root / "notify.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         notify.bind(str(notify_path))
-        server = Daemon(tmp_path / "state", free_port(), notify_path)
-        server.state_dir.mkdir()
-        server.start()
-        server.wait_ready(notify)
-        server.notify = notify
-        yield server
-        if server.process.poll() is None:
-            server.process.send_signal(signal.SIGTERM)
-            server.process.wait(timeout=60)
-        # The embedded etcd of a SIGKILLed erld may still run: stop it by its pid file.
-        pid_file = server.state_dir / "etcd.pid"
-        if pid_file.exists():
-            try:
-                os.kill(int(pid_file.read_text()), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        topology = Topology.single(root, cpu_devices=8, environment={"NOTIFY_SOCKET": str(notify_path)}, name="test-node")
+        with topology:
+            topology.notify = notify
+            yield topology
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    with running_daemon(tmp_path) as topology:
+        yield topology
 
 
 def metrics(workdir: Path) -> list[dict]:
     return [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-def status(daemon: Daemon, job: str) -> dict:
-    return orjson.loads(erl("status", job, "-o", "json", "--etcd", daemon.endpoint, check=True).stdout)
+def status(daemon: Topology, job: str) -> dict:
+    return job_status(daemon.endpoint, job)
 
 
-
-
-def wait_phase(daemon: Daemon, job: str, phases: tuple[str, ...], deadline: float) -> dict:
+def wait_phase(daemon: Topology, job: str, phases: tuple[str, ...], deadline: float) -> dict:
     while (info := status(daemon, job))["status"]["phase"] not in phases:
         assert time.monotonic() < deadline, info
         time.sleep(0.2)
@@ -106,53 +73,46 @@ def wait_phase(daemon: Daemon, job: str, phases: tuple[str, ...], deadline: floa
 
 
 def run_job(
-    daemon: Daemon,
+    daemon: Topology,
     workdir: Path,
     job_args: list[str],
     faults: list[tuple[str | Callable[[], None], int | Callable[[Path], bool]]] = (),
     jitter=None,
     signal_number: int = signal.SIGKILL,
     timeout_s: float = 500,
+    spec: Path = SPEC,
 ) -> list[str]:
-    """Run the tiny job to the end, injecting fault F once `rollouts_done` reaches N, for each (F, N).
+    """Run a job to the end through the chaos harness, injecting fault F once N rollouts are done, for each (F, N).
 
-    N may instead be a predicate of the work dir (e.g. "a replica has healed").
-    A fault is a job process's name (sent ``signal_number``), "erld" (SIGKILLed and
-    started again), STOP_AND_RESUME, or any other action as a function. ``jitter`` (a random.Random) delays each fault
-    by a random part of a second, so kills land anywhere in a rollout:
-    mid-generation, mid-commit, mid-snapshot. Returns the faults injected.
+    N may instead be a predicate of the work dir. A fault is a job process's name (sent
+    ``signal_number``: SIGKILL, or SIGSTOP to hang it), "erld" (SIGKILLed and started again),
+    STOP_AND_RESUME, or any other action as a function. ``jitter`` (a random.Random) delays each
+    fault by a random part of a second. Returns the faults injected, by name.
     """
-    erl("submit", str(SPEC), *job_args, "--workdir", str(workdir), "--etcd", daemon.endpoint, check=True)
-    done = []
-    deadline = time.monotonic() + timeout_s
-    pending = list(faults)
-    while (info := status(daemon, "tiny-grpo"))["status"]["phase"] in ("pending", "running"):
-        when = pending[0][1] if pending else None
-        if pending and (when(workdir) if callable(when) else info["progress"].get("rollouts_done", 0) >= when):
-            fault, _ = pending.pop(0)
-            if jitter is not None:
-                time.sleep(jitter.uniform(0, 0.8))
-            if callable(fault):
-                fault()
-                done.append(fault.__name__)
-            elif fault == "erld":
-                daemon.process.kill()
-                daemon.process.wait(timeout=10)
-                daemon.start()
-                daemon.wait_ready(daemon.notify)
-                done.append(fault)
-            elif fault == STOP_AND_RESUME:
-                erl("stop", "tiny-grpo", "--etcd", daemon.endpoint, check=True)
-                wait_phase(daemon, "tiny-grpo", ("stopped",), deadline)
-                erl("resume", "tiny-grpo", "--etcd", daemon.endpoint, check=True)
-                done.append(fault)
-            elif (proc := info["procs"].get(fault, {})).get("state") == "running":
-                os.kill(proc["pid"], signal_number)
-                done.append(fault)
-        assert time.monotonic() < deadline, "the job did not finish"
-        time.sleep(0.2)
-    assert info["status"]["phase"] == "succeeded", info
-    return done
+    overrides = [job_args[i + 1] for i in range(0, len(job_args), 2)]
+    actions = []
+    for fault, moment in faults:
+        if fault == "erld":
+            action = Fault(kind=FaultKind.KILL_ERLD, target="leader")
+        elif fault == STOP_AND_RESUME:
+            action = stop_and_resume(daemon, load_spec(spec).name)
+        elif isinstance(fault, str):
+            kind = FaultKind.HANG if signal_number == signal.SIGSTOP else FaultKind.KILL
+            action = Fault(kind=kind, target=fault, duration_s=3600)
+        else:
+            action = fault
+        actions.append((action, moment))
+    run = chaos_run_job(daemon, spec, workdir, overrides, actions, rng=jitter, timeout_s=timeout_s)
+    return [fault if isinstance(fault, str) else fault.__name__ for (fault, _), _ in zip(faults, run.injections)]
+
+
+def stop_and_resume(daemon: Topology, job: str) -> Callable[[], None]:
+    def stop_then_resume() -> None:
+        erl("stop", job, "--etcd", daemon.endpoint, check=True)
+        wait_phase(daemon, job, ("stopped",), time.monotonic() + 120)
+        erl("resume", job, "--etcd", daemon.endpoint, check=True)
+
+    return stop_then_resume
 
 
 def job_events(workdir: Path) -> list[dict]:

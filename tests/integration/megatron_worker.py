@@ -18,10 +18,9 @@ import orjson
 import torch
 
 from elastic_rl.config import ModelSpec
-from elastic_rl.model.convert import export_hf
-from elastic_rl.model.gpt import build_gpt, destroy_model_parallel, forward_gpt, init_model_parallel
+from elastic_rl.model.gpt import destroy_model_parallel, forward_gpt, init_model_parallel
 from elastic_rl.model.megatron_state import full_state_dict
-from elastic_rl.model.tokenizer import load_tokenizer, padded_vocab_size
+from elastic_rl.model.source import ModelSource
 from elastic_rl.model.vocab_parallel import entropy, gather_logits, token_log_probs
 
 SPEC = ModelSpec(hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96)
@@ -34,16 +33,15 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     torch.use_deterministic_algorithms(True)
     init_model_parallel(tp, seed=11)
-    tokenizer = load_tokenizer(None)
-    vocab = padded_vocab_size(tokenizer)
-    model = build_gpt(SPEC, vocab, tp)
-    batch = torch.randint(4, len(tokenizer), (4, 24), generator=torch.Generator().manual_seed(0))
+    source = ModelSource.from_spec(SPEC)
+    model = source.build_policy()
+    batch = torch.randint(4, len(source.tokenizer), (4, 24), generator=torch.Generator().manual_seed(0))
 
     with torch.no_grad():
         logits = gather_logits(forward_gpt(model, batch))
     state = full_state_dict(model)
     if rank == 0:
-        export_hf(out / "hf", state, SPEC, vocab, tokenizer)
+        source.export(out / "hf", state)
         torch.save({"tokens": batch, "logits": logits}, out / "logits.pt")
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -26,7 +26,8 @@ from tests.processes import cpu_engines
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 PROMPT = [5, 6, 7, 8, 9]
-LONG = {"max_new_tokens": 400, "ignore_eos": True, "temperature": 1.0}
+# Far longer than any test waits: such a request ends only when the test ends it.
+LONG = {"max_new_tokens": 20000, "ignore_eos": True, "temperature": 1.0}
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +83,18 @@ def test_stop_token_ids_end_generation(engine):
     first = run(client.generate(PROMPT, {"max_new_tokens": 1, "temperature": 0}))["output_ids"][0]
     result = run(client.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0, "stop_token_ids": [first]}))
     assert result["meta_info"]["finish_reason"] == {"type": "stop", "matched": first}
+
+
+def test_a_stop_string_ends_generation_and_the_text_before_it(engine):
+    client, _, deterministic = engine
+    if not deterministic:
+        pytest.skip("the server does not run with deterministic inference")
+    params = {"max_new_tokens": 24, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 5}
+    text = run(client.generate(PROMPT, params))["text"]
+    stop = text[6:8]
+    result = run(client.generate(PROMPT, {**params, "stop": [stop]}))
+    assert result["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert result["text"] == text[: text.find(stop)]
 
 
 def test_seeded_sampling_repeats_exactly(engine):
@@ -185,7 +198,7 @@ def test_update_weights_waits_for_running_requests(engine):
     client, weights, _ = engine
 
     async def scenario():
-        task = asyncio.create_task(client.generate(PROMPT, {**LONG, "max_new_tokens": 200}))
+        task = asyncio.create_task(client.generate(PROMPT, {**LONG, "max_new_tokens": 2000}))
         await _wait_running(client, task, 0.2)
         before = (await client.model_info())["weight_version"]
         await client.update_weights_from_disk(str(weights), weight_version="after-wait")

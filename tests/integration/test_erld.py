@@ -22,7 +22,7 @@ from tests.processes import REPO, SPEC
 pytestmark = [pytest.mark.integration]
 
 # A short version of examples/tiny-grpo.yaml that still learns.
-SHORT_JOB = ["--set", "rollout.num_rollouts=30"]
+SHORT_JOB = ["--set", "rollout.num_rollouts=30", "--set", "metrics.tensorboard=true"]
 
 
 @pytest.mark.timeout(600)
@@ -54,6 +54,36 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
     assert "job tiny-grpo: succeeded" in text and "rollouts: 30/30" in text and "orchestrator" in text
     logs = erl("logs", "tiny-grpo", "--proc", "orchestrator", "--etcd", daemon.endpoint, check=True).stdout
     assert "rollout 29 committed" in logs
+    # The metrics also went to TensorBoard, one reward point per rollout.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(workdir / "tensorboard"))
+    board.Reload()
+    assert [event.step for event in board.Scalars("rollout/reward_mean")] == list(range(30))
+    # Engine logs hold the requests, not a line per health check, and no tracebacks.
+    for engine_log in (workdir / "logs").glob("engine-*.log"):
+        text = engine_log.read_text()
+        assert "POST /generate" in text and "GET /health" not in text and "Traceback" not in text
+
+
+@pytest.mark.timeout(120)
+def test_a_finished_job_plots_pipes_and_follows_quietly(daemon, tmp_path):
+    workdir = tmp_path / "job"
+    run = erl("run", str(SPEC), "--set", "rollout.num_rollouts=4", "--workdir", str(workdir),
+              "--etcd", daemon.endpoint, timeout=100)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    plotted = erl("plot", "tiny-grpo", "--etcd", daemon.endpoint, check=True)
+    assert (workdir / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plotted.stdout
+    # `erl logs -f` ends with the job (here: at once), printing what the logs hold.
+    followed = erl("logs", "tiny-grpo", "-f", "--proc", "orchestrator", "--etcd", daemon.endpoint, timeout=20)
+    assert followed.returncode == 0 and "rollout 3 committed" in followed.stdout
+    # A reader that goes away early gets no traceback and no failure.
+    for command in ("status tiny-grpo", "logs tiny-grpo"):
+        piped = subprocess.run(
+            ["bash", "-c", f"set -o pipefail; {sys.executable} -m elastic_rl.cli {command} --etcd {daemon.endpoint} | head -1"],
+            cwd=REPO, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert piped.returncode == 0 and piped.stderr == "" and len(piped.stdout.splitlines()) == 1, piped
 
 
 @pytest.mark.timeout(600)
@@ -68,10 +98,7 @@ def test_killed_erld_restarts_and_the_job_completes(daemon, tmp_path):
         time.sleep(0.5)
     before = {name: proc["pid"] for name, proc in status(daemon, "tiny-grpo")["procs"].items()}
 
-    daemon.process.kill()
-    daemon.process.wait(timeout=10)
-    daemon.start()
-    daemon.wait_ready(daemon.notify)
+    daemon.nodes[0].restart()
 
     while status(daemon, "tiny-grpo")["status"]["phase"] == "running":
         assert time.monotonic() < deadline + 200, "the job did not finish after erld restarted"
@@ -116,10 +143,10 @@ def test_stop_then_sigterm(daemon, tmp_path):
             os.kill(pid, 0)
 
     receive(daemon.notify, 1, until="__drain__")
-    daemon.process.send_signal(signal.SIGTERM)
+    daemon.nodes[0].process.send_signal(signal.SIGTERM)
     messages = receive(daemon.notify, 30, until="STOPPING=1")
     assert "STOPPING=1" in messages
-    assert daemon.process.wait(timeout=60) == 0
+    assert daemon.nodes[0].process.wait(timeout=60) == 0
 
 
 def test_watchdog_and_status_while_running(daemon):
@@ -157,10 +184,16 @@ def test_sigterm_revokes_the_lease_on_an_external_etcd(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_invalid_spec_never_reaches_etcd(daemon):
+def test_invalid_spec_never_reaches_etcd(daemon, tmp_path):
     bad = erl("submit", str(SPEC), "--set", "engines.count=0", "--etcd", daemon.endpoint)
     assert bad.returncode == 2
     assert "engines.count" in bad.stderr
+    # A data file with a malformed line is bad input too: every bad line is named, before the run.
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "1=", "label": "1"}\n{"text": "2="}\n{"prompt": "3=", "label": "3"}\nnot json\n')
+    bad_data = erl("submit", str(SPEC), "--set", f"data.path={data}", "--etcd", daemon.endpoint)
+    assert bad_data.returncode == 2
+    assert f"{data}:2:" in bad_data.stderr and f"{data}:4:" in bad_data.stderr
     assert orjson.loads(erl("list", "-o", "json", "--etcd", daemon.endpoint, check=True).stdout) == []
 
 

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -13,31 +10,9 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from elastic_rl.net import free_port
-from tests.processes import REPO
+from tests.processes import run_module_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-
-
-def run_module_ranks(module: str, tp: int, *args) -> None:
-    """Run ``python -m module args`` as `tp` real processes in one gloo group."""
-    port = free_port()
-    processes = []
-    for rank in range(tp):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(tp),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
-        command = [sys.executable, "-m", module, *map(str, args)]
-        processes.append(subprocess.Popen(command, env=env, cwd=REPO, stderr=subprocess.PIPE))
-    for process in processes:
-        _, stderr = process.communicate(timeout=200)
-        assert process.returncode == 0, stderr.decode()[-3000:]
 
 
 def run_ranks(tp: int, out: Path) -> dict:

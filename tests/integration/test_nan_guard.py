@@ -1,71 +1,61 @@
-"""The NaN/Inf guard with real trainer replicas under erld: a transient fault, bad data, a bad device."""
+"""The NaN/Inf guard with real trainer replicas under erld, through the chaos harness's `nan` fault:
+a transient fault, bad data, a bad device. Each scenario's invariants hold; the guard's decisions
+are its events."""
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
+from chaos.harness import run_scenario
+from chaos.invariants import jsonl
+from chaos.scenario import load_scenario
 from elastic_rl import jobenv
-from tests.integration.erld_support import job_events, metrics, run_job
+from tests.processes import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
-ROLLOUTS = 4
 NAN_STEP = 5  # rollout 2's second optimizer step (512 samples a rollout, 256 a step)
 
 
-def nan_job(*injection: str) -> list[str]:
-    args = [
-        "--set", f"rollout.num_rollouts={ROLLOUTS}",
-        "--set", "trainer.replicas=2",
-        "--set", "checkpoints.keep_last=1000",
-        "--set", "fault_tolerance.quorum_timeout_s=20",
-        "--set", f"fault_tolerance.inject_nan.steps=[{NAN_STEP}]",
-    ]  # fmt: skip
-    for setting in injection:
-        args += ["--set", f"fault_tolerance.{setting}"]
-    return args
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """The three scenarios share their job, so one fault-free reference serves them all."""
+    return tmp_path_factory.mktemp("reference")
 
 
-def assert_run_completed(workdir) -> None:
-    assert [line["rollout"] for line in metrics(workdir)] == list(range(ROLLOUTS))
-    weights = load_file(str(jobenv.weights_dir(workdir, ROLLOUTS) / "model.safetensors"))
-    assert all(torch.isfinite(tensor).all() for tensor in weights.values())
+def run(name: str, out: Path, cache: Path) -> tuple[Path, Counter, list[dict]]:
+    result = run_scenario(load_scenario(REPO / "chaos" / "scenarios" / f"{name}.yaml"), out, cache)
+    assert result.passed, [check for check in result.checks if not check.held] or result.error
+    workdir = out / "faulty" / "job"
+    events = jsonl(workdir / "events.jsonl")
+    return workdir, Counter(e["kind"] for e in events), events
 
 
-def test_a_transient_nan_is_skipped_without_a_rollback(daemon, tmp_path):
-    run_job(daemon, tmp_path, nan_job("inject_nan.replica=0", "inject_nan.attempts=1"))
-    assert_run_completed(tmp_path)
-    kinds = Counter(e["kind"] for e in job_events(tmp_path))
+def test_a_transient_nan_is_skipped_without_a_rollback(tmp_path, cache):
+    workdir, kinds, _ = run("nan-transient", tmp_path, cache)
     assert kinds["nan_step_skipped"] == 1, kinds
     assert not kinds["trainer_rollback"] and not kinds["rollout_quarantined"] and not kinds["device_quarantined"]
-    assert jobenv.quarantined_rollouts(tmp_path) == set()
+    assert jobenv.quarantined_rollouts(workdir) == set()
 
 
-def test_nan_in_the_data_quarantines_the_batch_and_rolls_back(daemon, tmp_path):
-    run_job(daemon, tmp_path, nan_job("max_consecutive_nan_skips=2"))
-    assert_run_completed(tmp_path)
-    events = job_events(tmp_path)
-    kinds = Counter(e["kind"] for e in events)
-    assert kinds["nan_step_skipped"] == 1 and kinds["rollout_quarantined"] == 1, kinds
+def test_nan_in_the_data_quarantines_the_batch_and_rolls_back(tmp_path, cache):
+    workdir, kinds, _ = run("nan-data", tmp_path, cache)
+    assert kinds["nan_step_skipped"] == 2 and kinds["rollout_quarantined"] == 1, kinds
     assert kinds["trainer_rollback"] == 2, kinds  # both replicas restarted from the newest snapshot
     quarantined = NAN_STEP // 2
-    assert jobenv.quarantined_rollouts(tmp_path) == {quarantined}
-    assert metrics(tmp_path)[quarantined]["train/quarantined"] == 1.0
+    assert jobenv.quarantined_rollouts(workdir) == {quarantined}
+    assert jsonl(workdir / "metrics.jsonl")[quarantined]["train/quarantined"] == 1.0
     assert not kinds["device_quarantined"]
 
 
-def test_nan_on_one_replica_quarantines_its_device(daemon, tmp_path):
-    run_job(daemon, tmp_path, nan_job("inject_nan.replica=1"))
-    assert_run_completed(tmp_path)
-    events = job_events(tmp_path)
-    kinds = Counter(e["kind"] for e in events)
+def test_nan_on_one_replica_quarantines_its_device(tmp_path, cache):
+    _, kinds, events = run("nan-replica", tmp_path, cache)
     quarantined = [e for e in events if e["kind"] == "device_quarantined"]
     assert [e["proc"] for e in quarantined] == ["trainer-1-0"]
     assert quarantined[0]["step"] == NAN_STEP and quarantined[0]["device"] is not None
-    # The replica moved to a free device (the test daemon has spare slots), or the job ran on without it.
+    # The replica moved to a free device (the test erld has spare slots), or the job ran on without it.
     assert kinds["replica_moved"] + kinds["replica_degraded"] == 1, kinds
     assert not kinds["trainer_rollback"] and not kinds["rollout_quarantined"]

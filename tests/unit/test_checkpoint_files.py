@@ -5,9 +5,15 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from checkpoints.discovery import newest_valid_snapshot, snapshot_path, snapshots_to_delete, valid_steps
+from checkpoints.discovery import (
+    newest_valid_snapshot,
+    snapshot_path,
+    snapshots_to_delete,
+    valid_steps,
+    weights_to_delete,
+)
 from checkpoints.manifest import verify, write_manifest
-from checkpoints.retention import apply_retention
+from checkpoints.retention import apply_retention, prune_weights
 from checkpoints.rewind import rewind
 from elastic_rl import jobenv
 from elastic_rl.errors import ElasticRLError
@@ -107,3 +113,18 @@ def test_metadata_with_a_foreign_global_is_refused(tmp_path):
     (tmp_path / ".metadata").write_bytes(pickle.dumps(Exploit()))
     with pytest.raises(pickle.UnpicklingError, match="never holds"):
         SafeFileSystemReader(str(tmp_path)).read_metadata()
+
+
+def test_weights_retention_keeps_the_newest_the_snapshots_and_the_recently_superseded():
+    exported = {version: 100.0 + 10 * version for version in range(6)}  # version v at 100 + 10 v
+    assert weights_to_delete([0, 1, 2, 3, 4, 5], 2, {2}, exported, now=1000, grace_s=60) == [0, 1, 3]
+    assert weights_to_delete([3, 4], 2, set(), exported, now=1000, grace_s=60) == []
+    # At 175 s versions 0..3 were superseded 65, 55, 45, 35 s ago: only 0 is past a 60 s grace.
+    assert weights_to_delete([0, 1, 2, 3, 4, 5], 2, set(), exported, now=175, grace_s=60) == [0]
+
+
+def test_pruning_weights_deletes_their_folders(tmp_path):
+    for version in range(4):
+        jobenv.weights_dir(tmp_path, version).mkdir(parents=True)
+    assert prune_weights(tmp_path, keep_last=2, grace_s=0) == [0, 1]
+    assert jobenv.weights_versions(tmp_path) == [2, 3]

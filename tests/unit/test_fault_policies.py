@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_rl.config import NanInjection
-from elastic_rl.trainer.nan_injection import NanInjector
+from elastic_rl.trainer.nan_injection import ENV_VAR, NanFault, NanInjector, install_from_environment
 from policies.engine_health import HealthVerdict, judge
 from policies.nan_guard import Response, StepHealth, decide, needs_recompute_elsewhere
 
@@ -75,15 +74,27 @@ def test_a_generation_clears_the_count():
     assert judge(True, False, 5, 2) == HealthVerdict(False, 0)
 
 
-def test_injection_hits_only_the_chosen_replica_and_steps():
-    injection = NanInjection(steps=[3], replica=1)
-    assert not NanInjector(injection, replica=0).poison(3)
-    chosen = NanInjector(injection, replica=1)
-    assert not chosen.poison(2)
-    assert chosen.poison(3) and chosen.poison(3)  # every try: persistent
+def test_injection_poisons_only_the_chosen_steps():
+    injector = NanInjector(NanFault(frozenset({3}), replica=1, attempts=0))
+    assert not injector.poison(2)
+    assert injector.poison(3) and injector.poison(3)  # every try: persistent
 
 
 def test_injection_with_attempts_is_transient():
-    injector = NanInjector(NanInjection(steps=[3], attempts=1), replica=0)
+    injector = NanInjector(NanFault(frozenset({3}), replica=0, attempts=1))
     assert injector.poison(3)
     assert not injector.poison(3)
+
+
+def test_injection_reaches_only_the_chosen_replica_through_the_environment(monkeypatch):
+    installed = []
+    monkeypatch.setattr(NanInjector, "install", lambda self, trainer: installed.append(trainer))
+    install_from_environment("trainer", replica=0)
+    assert installed == []  # the variable unset: nothing installed
+    monkeypatch.setenv(ENV_VAR, '{"steps": [3], "replica": 1}')
+    install_from_environment("replica-0", replica=0)
+    install_from_environment("replica-1", replica=1)
+    assert installed == ["replica-1"]
+    monkeypatch.setenv(ENV_VAR, '{"steps": [3], "replica": null}')
+    install_from_environment("any", replica=0)
+    assert installed[-1] == "any"  # bad data: every replica

@@ -7,7 +7,8 @@ import pytest
 from elastic_rl.config import DataSpec
 from elastic_rl.errors import SpecError
 from elastic_rl.rollout.data import DataSource
-from elastic_rl.rollout.rewards import boxed_math, exact_match, f1, last_boxed, load_reward, toy_copy
+from elastic_rl.rollout.rewards import boxed_math, exact_match, f1, last_boxed, load_reward, math, toy_copy
+from elastic_rl.rollout.tasks import arithmetic
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -37,6 +38,24 @@ def test_f1():
     assert f1("", "dog", "the cat") == 0.0
 
 
+def test_math_reward_reads_the_final_answer():
+    assert math("", "7 + 5 = 12", "12") == 1.0
+    assert math("", r"so the answer is \boxed{12}", "12") == 1.0
+    assert math("", "She has 12 apples now.", "12") == 1.0
+    assert math("", "59 + 63 equals 120.", "122") == 0.0
+    assert math("", "I do not know", "3") == 0.0
+    assert math("", "", "3") == 0.0
+
+
+def test_arithmetic_task_is_deterministic_and_labels_are_right():
+    records = arithmetic(200, seed=7)
+    assert records == arithmetic(200, seed=7) and records != arithmetic(200, seed=8)
+    for text, label in records:
+        numbers = [int(word) for word in text.replace("?", " ").replace(".", " ").split() if word.isdigit()]
+        assert len(numbers) == 2 and int(label) in (numbers[0] + numbers[1], numbers[0] - numbers[1])
+        assert int(label) >= 0
+
+
 def test_user_reward_by_module_function():
     assert load_reward("elastic_rl.rollout.rewards:f1") is f1
     with pytest.raises(SpecError, match="cannot load"):
@@ -63,7 +82,7 @@ def test_restored_source_continues_exactly():
 def test_jsonl_prompts(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "2+2=", "label": "4"}\n\n{"prompt": "1+1=", "label": "2"}\n')
-    source = DataSource(DataSpec(task=None, path=path, shuffle=False), seed=0)
+    source = DataSource(DataSpec(path=path, shuffle=False), seed=0)
     assert [(p.text, p.label) for p in source.draw(2)] == [("2+2=", "4"), ("1+1=", "2")]
 
 
@@ -71,4 +90,4 @@ def test_bad_jsonl_line_is_named(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "a"}\nnot json\n')
     with pytest.raises(SpecError, match=":2:"):
-        DataSource(DataSpec(task=None, path=path), seed=0)
+        DataSource(DataSpec(path=path), seed=0)

@@ -1,0 +1,180 @@
+"""The invariants of DESIGN section 6, checked from a run's work dir and events alone.
+
+``check_run`` compares a run with faults to the fault-free reference run of
+the same spec and returns one ``Check`` per invariant:
+
+1. every prompt drawn once: the same (epoch, index) pairs as the reference, in
+   order, none twice, and those skipped as over-long recorded;
+2. every committed rollout applied once: the rollout log holds each rollout
+   once, metrics.jsonl trains each once, and no superseded orchestrator wrote
+   after its successor;
+3. every committed step used its whole global batch;
+4. every snapshot on disk valid or ignored: no resume started from an invalid one;
+5. the final weights equal the reference's, bitwise or within the stated tolerance;
+6. no sample generated with weights staler than the mode allows;
+7. the job ended, and a job that did not succeed says why.
+
+The run must keep its whole rollout log and every snapshot (the harness sets
+``checkpoints.keep_last`` high).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import torch
+from safetensors.torch import load_file
+
+from checkpoints.discovery import snapshot_path, valid_steps
+from checkpoints.manifest import read_manifest
+from elastic_rl import jobenv
+from elastic_rl.config import JobSpec
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    held: bool
+    detail: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "held": self.held, "detail": self.detail}
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def read_spec(workdir: Path) -> JobSpec:
+    return JobSpec.model_validate(orjson.loads((workdir / jobenv.SPEC_FILE).read_bytes()))
+
+
+def _rollout(workdir: Path, rollout_id: int) -> tuple[dict[str, torch.Tensor], dict]:
+    folder = jobenv.rollout_dir(workdir, rollout_id)
+    return load_file(str(folder / "batch.safetensors")), orjson.loads((folder / jobenv.META_FILE).read_bytes())
+
+
+def drawn_prompts(workdir: Path, spec: JobSpec) -> list[tuple[int, int]]:
+    """(epoch, index) of every prompt drawn, in order: each group's, and the skipped ones."""
+    drawn = []
+    for rollout_id in jobenv.committed_rollouts(workdir):
+        batch, meta = _rollout(workdir, rollout_id)
+        pairs = list(zip(batch["prompt_epochs"].tolist(), batch["prompt_indices"].tolist()))
+        drawn += [(epoch, index) for index, epoch in meta.get("skipped_prompts", [])]
+        drawn += pairs[:: spec.rollout.n_samples_per_prompt]
+    return drawn
+
+
+def check_prompts(run: Path, reference: Path, spec: JobSpec) -> Check:
+    mine, theirs = drawn_prompts(run, spec), drawn_prompts(reference, spec)
+    repeated = len(mine) - len(set(mine))
+    if repeated:
+        return Check("every prompt drawn once", False, f"{repeated} prompts drawn twice")
+    if mine != theirs:
+        first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+        return Check("every prompt drawn once", False, f"the draws differ from the reference's from draw {first}")
+    return Check("every prompt drawn once", True, f"{len(mine)} prompts, the reference's, in its order")
+
+
+def check_rollouts_applied_once(run: Path, spec: JobSpec) -> Check:
+    expected = list(range(spec.rollout.num_rollouts))
+    committed = jobenv.committed_rollouts(run)
+    # Retention cuts the log below the oldest kept snapshot's last rollout: what it cut is in that snapshot.
+    first = committed[0] if committed else len(expected)
+    kept_from = min((_snapshot_last_rollout(run, step) for step in valid_steps(run)), default=None)
+    if committed != expected[first:] or (first > 0 and (kept_from is None or kept_from < first - 1)):
+        return Check("every committed rollout applied once", False, f"rollout log holds {committed}")
+    trained = [line["rollout"] for line in jsonl(run / "metrics.jsonl")]
+    if trained != expected:
+        return Check("every committed rollout applied once", False, f"metrics.jsonl trains {trained}")
+    writers = [_rollout(run, r)[1].get("writer", {}).get("generation") for r in committed]
+    known = [w for w in writers if w is not None]
+    if known != sorted(known):
+        return Check("every committed rollout applied once", False, f"writer generations go back: {writers}")
+    return Check("every committed rollout applied once", True, f"{len(expected)} rollouts, each committed and trained once")
+
+
+def _snapshot_last_rollout(run: Path, step: int) -> int:
+    return int(read_manifest(snapshot_path(run, step))["last_rollout"])
+
+
+def check_whole_batches(run: Path, spec: JobSpec) -> Check:
+    short = []
+    for line in jsonl(run / "metrics.jsonl"):
+        if line.get("train/quarantined"):
+            continue
+        if line.get("train/samples_per_step") != spec.trainer.global_batch_size:
+            short.append((line["rollout"], line.get("train/samples_per_step")))
+    if short:
+        return Check("every committed step used its whole global batch", False, f"(rollout, samples a step): {short}")
+    return Check(
+        "every committed step used its whole global batch", True, f"{spec.trainer.global_batch_size} samples in every step"
+    )
+
+
+def check_snapshots(run: Path, events: list[dict]) -> Check:
+    valid = set(valid_steps(run))
+    resumed = [e["step"] for e in events if e["kind"] == "trainer_resumed"]
+    bad = [step for step in resumed if step not in valid]
+    if bad:
+        return Check("every snapshot valid or ignored", False, f"resumed from invalid snapshots {bad}")
+    skipped = sum(1 for e in events if e["kind"] == "snapshot_skipped")
+    return Check("every snapshot valid or ignored", True, f"{len(resumed)} resumes, all from valid snapshots; {skipped} skipped")
+
+
+def check_weights(run: Path, reference: Path, spec: JobSpec, tolerance: float | None) -> Check:
+    if tolerance is None:
+        quarantined = sorted(jobenv.quarantined_rollouts(run))
+        return Check("final weights equal the reference's", True, f"not compared by design; quarantined rollouts {quarantined}")
+    version = spec.rollout.num_rollouts
+    mine = load_file(str(jobenv.weights_dir(run, version) / "model.safetensors"))
+    theirs = load_file(str(jobenv.weights_dir(reference, version) / "model.safetensors"))
+    if mine.keys() != theirs.keys():
+        return Check("final weights equal the reference's", False, "the tensors differ by name")
+    worst = 0.0
+    for name in theirs:
+        scale = theirs[name].abs().max().clamp_min(1e-12)
+        worst = max(worst, ((mine[name] - theirs[name]).abs().max() / scale).item())
+    if tolerance == 0:
+        return Check("final weights equal the reference's", worst == 0, "bitwise equal" if worst == 0 else f"relative error {worst:.2e}")
+    return Check("final weights equal the reference's", worst <= tolerance, f"relative error {worst:.2e} (tolerance {tolerance:g})")
+
+
+def check_staleness(run: Path, spec: JobSpec) -> Check:
+    bound = 0 if spec.rollout.mode == "sync" else spec.rollout.max_staleness
+    stale = []
+    for rollout_id in jobenv.committed_rollouts(run):
+        versions = _rollout(run, rollout_id)[0]["weight_versions"]
+        lag = rollout_id - int(versions.min())
+        if lag > bound:
+            stale.append((rollout_id, lag))
+    if stale:
+        return Check("no sample staler than the bound", False, f"(rollout, versions behind): {stale}")
+    return Check("no sample staler than the bound", True, f"every sample at most {bound} version(s) behind")
+
+
+def check_terminal(status: dict) -> Check:
+    phase, reason = status.get("phase"), status.get("reason", "")
+    if phase == "succeeded":
+        return Check("the job ended with a reason", True, "succeeded")
+    if phase in ("failed", "stopped") and reason:
+        return Check("the job ended with a reason", False, f"{phase}: {reason}")
+    return Check("the job ended with a reason", False, f"{phase} without a reason")
+
+
+def check_run(run: Path, reference: Path, status: dict, tolerance: float | None) -> list[Check]:
+    spec = read_spec(run)
+    events = jsonl(run / "events.jsonl")
+    checks = [check_terminal(status)]
+    if status.get("phase") != "succeeded":
+        return checks
+    return checks + [
+        check_prompts(run, reference, spec),
+        check_rollouts_applied_once(run, spec),
+        check_whole_batches(run, spec),
+        check_snapshots(run, events),
+        check_weights(run, reference, spec, tolerance),
+        check_staleness(run, spec),
+    ]

@@ -1,0 +1,94 @@
+"""Runs a job on a topology, injecting faults on schedule: the one fault loop the tests, benchmarks and
+`erl chaos run` share.
+
+``run_job`` submits a job spec to a running topology and follows it to its
+end, injecting each fault when its moment comes (a rollout count, a time, or
+a predicate of the work dir) a random part of a second late, so faults land
+anywhere in a rollout. A fault is a ``chaos.scenario.Fault``, or any action
+as a function. It returns what was injected.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from chaos.faults import Injection, inject
+from chaos.scenario import Fault
+from chaos.topology import REPO, Topology
+from elastic_rl.config import load_spec
+
+Moment = int | float | Callable[[Path], bool]
+"""A rollout count, or a predicate of the work dir (e.g. "a replica has healed")."""
+Action = Fault | Callable[[], None]
+
+
+def erl(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_rl.cli", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO, check=check,
+    )  # fmt: skip
+
+
+def job_status(endpoint: str, job: str) -> dict:
+    return orjson.loads(erl("status", job, "-o", "json", "--etcd", endpoint, check=True).stdout)
+
+
+@dataclass
+class JobRun:
+    workdir: Path
+    job: str
+    status: dict
+    injections: list[Injection] = field(default_factory=list)
+    started: float = 0.0
+    ended: float = 0.0
+
+
+def _due(moment: Moment, workdir: Path, rollouts_done: int, elapsed: float) -> bool:
+    if callable(moment):
+        return moment(workdir)
+    if isinstance(moment, float):
+        return elapsed >= moment
+    return rollouts_done >= moment
+
+
+def run_job(
+    topology: Topology,
+    spec: Path,
+    workdir: Path,
+    overrides: list[str] = (),
+    faults: list[tuple[Action, Moment]] = (),
+    rng: random.Random | None = None,
+    timeout_s: float = 600,
+    expect: tuple[str, ...] = ("succeeded",),
+) -> JobRun:
+    """Run ``spec`` to its end with ``faults`` (each with its moment); the job must end in ``expect``."""
+    job = load_spec(spec).name
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    erl("submit", str(spec), *sets, "--workdir", str(workdir), "--etcd", topology.endpoint, check=True)
+    run = JobRun(workdir, job, {}, started=time.time())
+    pending = list(faults)
+    deadline = time.monotonic() + timeout_s
+    while (info := job_status(topology.endpoint, job))["status"]["phase"] in ("pending", "running", "stopping"):
+        elapsed = time.time() - run.started
+        if pending and _due(pending[0][1], workdir, info["progress"].get("rollouts_done", 0), elapsed):
+            action, _ = pending.pop(0)
+            if rng is not None:
+                time.sleep(rng.uniform(0, 0.8))
+            if isinstance(action, Fault):
+                run.injections.append(inject(action, topology, job_status(topology.endpoint, job), workdir, rng or random.Random(0)))
+            else:
+                action()
+                run.injections.append(Injection(action.__name__, "", time.time()))
+        assert time.monotonic() < deadline, f"job {job} did not finish within {timeout_s:.0f}s: {info['status']}"
+        time.sleep(0.2)
+    run.status, run.ended = info["status"], time.time()
+    assert run.status["phase"] in expect, info
+    return run

@@ -1,0 +1,260 @@
+"""The machines a chaos scenario (or a test) runs a job on: erlds and etcd, as real processes on this host.
+
+``Topology.single`` is one erld with its embedded etcd. ``Topology.cluster``
+is an etcd of several members on loopback and one erld per node, each with
+its own node name, state dir and device slots; the nodes share the work dir
+(one folder here, a shared filesystem in production). Every piece can be
+failed the way hardware fails: an erld SIGKILLed (and restarted, as systemd
+would) or frozen (SIGSTOP), a whole node killed (its erld and every process
+it started), an etcd member killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from elastic_rl import jobenv
+from elastic_rl.net import LOOPBACK, free_port
+from elastic_rl.store import keys
+from elastic_rl.store.client import Store, StoreUnavailable
+from elastic_rl.store.embedded import etcd_command
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class EtcdMember:
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{LOOPBACK}:{self.client_port}"
+
+    @property
+    def peer(self) -> str:
+        return f"{self.name}=http://{LOOPBACK}:{self.peer_port}"
+
+
+class EtcdCluster:
+    def __init__(self, root: Path, size: int = 3):
+        self.members = [
+            EtcdMember(f"etcd-{i}", free_port(), free_port(), root / f"etcd-{i}") for i in range(size)
+        ]
+
+    @property
+    def endpoint(self) -> str:
+        return ",".join(member.endpoint for member in self.members)
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        initial = ",".join(member.peer for member in self.members)
+        for member in self.members:
+            member.data_dir.parent.mkdir(parents=True, exist_ok=True)
+            log = open(member.data_dir.parent / f"{member.name}.log", "ab")
+            member.process = subprocess.Popen(
+                etcd_command(member.data_dir, member.client_port, member.peer_port, member.name, initial),
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while not asyncio.run(_answers(self.endpoint)):
+            assert time.monotonic() < deadline, "the etcd cluster did not come up"
+            time.sleep(0.2)
+
+    def kill(self, index: int) -> None:
+        process = self.members[index].process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+    def stop(self) -> None:
+        for index in range(len(self.members)):
+            self.kill(index)
+
+
+async def _answers(endpoint: str) -> bool:
+    async with Store(endpoint, timeout_s=2.0, attempts=1) as store:
+        try:
+            await store.get("/erl/ping")
+            return True
+        except StoreUnavailable:
+            return False
+
+
+@dataclass
+class ErldNode:
+    name: str
+    state_dir: Path
+    cpu_devices: int
+    etcd: str | None
+    """The etcd members' endpoint; None: the erld starts an embedded etcd on ``etcd_port``."""
+    etcd_port: int = 0
+    lease_ttl_s: int = 10
+    metrics_port: int | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    """Set for the erld and so for every job process it starts (fault injection reaches trainers so)."""
+    process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        where = ["--etcd", self.etcd] if self.etcd else ["--etcd-port", str(self.etcd_port)]
+        metrics = ["--metrics-port", str(self.metrics_port)] if self.metrics_port else []
+        log = open(self.state_dir / "erld.log", "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "elastic_rl.cli", "daemon", "--node", self.name, "--state-dir", str(self.state_dir),
+             "--cpu-devices", str(self.cpu_devices), "--lease-ttl", str(self.lease_ttl_s), *where, *metrics],
+            cwd=REPO, env={**os.environ, **self.environment}, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    @property
+    def endpoint(self) -> str:
+        return self.etcd or f"http://{LOOPBACK}:{self.etcd_port}"
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until this node is a member (its node key names this erld's pid)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self.process.poll() is None, (self.state_dir / "erld.log").read_text()[-3000:]
+            if asyncio.run(_node_pid(self.endpoint, self.name)) == self.process.pid:
+                return
+            assert time.monotonic() < deadline, f"erld {self.name} did not join"
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        """SIGKILL the erld alone: its job processes run on (until a restarted erld adopts them)."""
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+        self.wait_ready()
+
+    def kill_node(self) -> list[int]:
+        """The whole node dies: its erld and every job process it started. Returns their pids."""
+        victims = [p for p in psutil.process_iter(["pid"]) if _env_of(p).get(jobenv.NODE) == self.name]
+        self.process.kill()
+        for victim in victims:
+            try:
+                victim.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.process.wait(timeout=10)
+        return [victim.pid for victim in victims]
+
+    def freeze(self) -> None:
+        self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.kill_node()
+
+    def job_pids(self) -> set[int]:
+        return {p.pid for p in psutil.process_iter(["pid"]) if _env_of(p).get(jobenv.NODE) == self.name}
+
+
+def _env_of(process: psutil.Process) -> dict[str, str]:
+    try:
+        return process.environ()
+    except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+        return {}
+
+
+async def _node_pid(endpoint: str, node: str) -> int | None:
+    async with Store(endpoint, timeout_s=2.0, attempts=1) as store:
+        try:
+            record = await store.get(keys.node(node))
+        except StoreUnavailable:
+            return None
+    return None if record is None else record.get("pid")
+
+
+async def _leader(endpoint: str) -> str | None:
+    async with Store(endpoint, timeout_s=2.0, attempts=2) as store:
+        try:
+            return await store.get(keys.LEADER)
+        except StoreUnavailable:
+            return None
+
+
+class Topology:
+    """Erlds and their etcd for the length of a ``with`` block; ``endpoint`` is what `erl` is pointed at."""
+
+    def __init__(self, nodes: list[ErldNode], etcd: EtcdCluster | None = None):
+        self.nodes, self.etcd = nodes, etcd
+
+    @classmethod
+    def single(
+        cls, root: Path, cpu_devices: int = 8, environment: dict[str, str] | None = None, name: str = "node-0"
+    ) -> Topology:
+        node = ErldNode(name, root / name, cpu_devices, None, etcd_port=free_port(), environment=environment or {})
+        return cls([node])
+
+    @classmethod
+    def cluster(
+        cls, root: Path, nodes: int = 3, cpu_devices: int = 4, etcd_members: int = 3, lease_ttl_s: int = 4,
+        environment: dict[str, str] | None = None,
+    ) -> Topology:  # fmt: skip
+        etcd = EtcdCluster(root / "etcd", etcd_members)
+        made = [
+            ErldNode(f"node-{i}", root / f"node-{i}", cpu_devices, etcd.endpoint, lease_ttl_s=lease_ttl_s,
+                     environment=environment or {})  # fmt: skip
+            for i in range(nodes)
+        ]
+        return cls(made, etcd)
+
+    @property
+    def endpoint(self) -> str:
+        return self.etcd.endpoint if self.etcd else self.nodes[0].endpoint
+
+    def node(self, name: str) -> ErldNode:
+        return next(node for node in self.nodes if node.name == name)
+
+    def leader(self) -> str | None:
+        return asyncio.run(_leader(self.endpoint))
+
+    def __enter__(self) -> Topology:
+        if self.etcd is not None:
+            self.etcd.start()
+        for node in self.nodes:
+            node.start()
+        for node in self.nodes:
+            node.wait_ready()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for node in self.nodes:
+            node.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
+        else:
+            _stop_embedded_etcd(self.nodes[0].state_dir)
+
+
+def _stop_embedded_etcd(state_dir: Path) -> None:
+    """The embedded etcd of a SIGKILLed erld may still run: stop it by its pid file."""
+    pid_file = state_dir / "etcd.pid"
+    if pid_file.exists():
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        except (ProcessLookupError, ValueError):
+            pass

@@ -1,0 +1,444 @@
+"""One job as one node's agent runs it: exactly the processes assigned to this node, at their generation.
+
+Every erld is an agent. Each pass it compares the job's assignments with the
+processes it runs here and acts:
+
+- an assignment with no process yet: start it once what it needs is there
+  (the job's initial weights for an engine; all its partner ranks for a
+  trainer group, which start together on a fresh rendezvous port);
+- a warm spare's processes the controller gave a replica's place: they are
+  renamed, keep running, and learn their replica through the work dir;
+- a process whose assignment moved away or to a newer generation: stopped
+  (a removed engine leaves the router first);
+- an exit: ``policies.exits`` decides: settle the job, restart after a
+  backoff (a trainer's partner ranks with it), report a replica as displaced
+  for the controller to move, or fail the job.
+
+The agent holding the job's services also exports the initial weights and
+registers every serving engine with the router whenever the router starts;
+each agent registers and health-checks its own engines (``daemon.engines``).
+It reports each process under its node lease at ``/erl/jobs/<job>/procs/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from daemon import engines
+from daemon.notify import child_environment
+from daemon.plan import Endpoints, ProcSpec, Role, command, process_env, proc_spec, server_url
+from daemon.proctable import LocalProc, ProcessTable, ProcState
+from elastic_rl import jobenv
+from elastic_rl.atomic import write_file_atomic
+from elastic_rl.config import JobSpec
+from elastic_rl.events import EventLog
+from elastic_rl.engines.client import EngineClient
+from elastic_rl.errors import EngineError
+from elastic_rl.net import url
+from elastic_rl.store import keys
+from elastic_rl.store.client import Store
+from elastic_rl.store.devices import mark_failed
+from policies.exits import ExitAction, ExitFacts, decide_exit
+from policies.restart import RestartPolicy
+
+log = logging.getLogger("erld.agent")
+
+TERMINAL_PHASES = ("succeeded", "failed", "stopped")
+REAP_TIMEOUT_S = 5.0  # a SIGKILLed process is gone within this; one that is not is reported anyway
+
+
+class JobAgent:
+    def __init__(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        workdir: Path,
+        node: str,
+        advertise_host: str,
+        store: Store,
+        etcd_endpoint: str,
+        events: EventLog,
+        table: ProcessTable,
+        device_cooldown_s: float | None,
+    ):
+        self.job_id, self.spec, self.workdir = job_id, spec, workdir
+        self.node, self.host = node, advertise_host
+        self.store, self.etcd_endpoint, self.events = store, etcd_endpoint, events
+        self.table = table
+        self.device_cooldown_s = device_cooldown_s
+        self.lease = None  # the node lease; set by erld, renewed on a rejoin
+        self.submitted: float | None = None  # which submission of the job name this agent runs
+        self.policy = RestartPolicy(spec.fault_tolerance.max_restarts, spec.fault_tolerance.restart_window_s)
+        self.published: dict[str, dict[str, Any]] = {}
+        self.health_failures: dict[str, int] = {}
+        self._background: dict[str, asyncio.Task] = {}
+        self._exporting: asyncio.Task | None = None
+        self._last_health_check = 0.0
+
+    # --- helpers -------------------------------------------------------------------
+
+    def _in_background(self, name: str, coroutine) -> None:
+        """Run ``coroutine`` in the background under ``name``; a newer task of that name replaces it.
+        A failure is logged: the next pass acts on what it finds then."""
+        previous = self._background.pop(name, None)
+        if previous is not None:
+            previous.cancel()
+
+        async def logged() -> None:
+            try:
+                await coroutine
+            except Exception:
+                log.exception("job %s: %s (in the background) failed", self.job_id, name)
+
+        task = asyncio.create_task(logged())
+        self._background[name] = task
+        task.add_done_callback(lambda t: self._background.pop(name, None) if self._background.get(name) is t else None)
+
+    def _base_env(self) -> dict[str, str]:
+        return {
+            **child_environment(),
+            jobenv.JOB: self.job_id,
+            jobenv.WORKDIR: str(self.workdir),
+            jobenv.ETCD: self.etcd_endpoint,
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+
+    @staticmethod
+    def _endpoints(assigned: dict[str, dict]) -> Endpoints | None:
+        if "router" not in assigned or "lighthouse" not in assigned:
+            return None
+        return Endpoints(router=server_url(assigned["router"]), lighthouse=server_url(assigned["lighthouse"]))
+
+    async def _publish(self, proc: LocalProc) -> None:
+        spec = proc_spec(proc.name)
+        record = {
+            "node": self.node,
+            "role": spec.role.value,
+            "state": proc.state.value,
+            "pid": proc.pid,
+            "port": proc.port,
+            "device": proc.device,
+            "generation": proc.generation,
+            "restarts": len(proc.restarts),
+            "exit_code": proc.exit_code,
+            "serving": proc.serving,
+            "url": url(proc.port, host=self.host) if proc.port is not None else None,
+        }
+        if self.published.get(proc.name) != record:
+            await self.store.put(keys.proc(self.job_id, proc.name), record, lease=self.lease)
+            self.published[proc.name] = record
+
+    async def _set_phase(self, phase: str, reason: str) -> None:
+        ended = {"phase": phase, "reason": reason, "ended": time.time()}
+        await self.store.modify(
+            keys.job_status(self.job_id),
+            lambda status: {**status, **ended} if status.get("phase") not in TERMINAL_PHASES else status,
+        )
+
+    # --- one pass --------------------------------------------------------------------
+
+    async def tick(
+        self, status: dict[str, Any], assigned: dict[str, dict], reported: dict[str, dict], failed: set[int]
+    ) -> None:
+        """One supervision pass; ``assigned``: every assignment of the job; ``reported``: every
+        process record of the job in etcd (other nodes' too); ``failed``: this node's failed slots."""
+        if status["phase"] in ("stopping", *TERMINAL_PHASES):
+            await self.stop(graceful=status["phase"] == "stopping")
+            return
+        mine = {name: a for name, a in assigned.items() if a["node"] == self.node}
+        await self._take_promotions(mine)
+        await self._drop_unassigned(mine, assigned)
+        now = time.time()
+        for proc in self.table.of_job(self.job_id):
+            if proc.state is ProcState.RUNNING and not self.table.alive(proc):
+                await self._on_exit(proc, assigned, reported, now)
+                if status.get("phase") != "running" or await self._job_over():
+                    return
+        await self._start_assigned(mine, assigned, failed)
+        await self._check_export()
+        await self._check_engines(now, assigned)
+        for proc in self.table.of_job(self.job_id):
+            await self._publish(proc)
+
+    async def _job_over(self) -> bool:
+        status = await self.store.get(keys.job_status(self.job_id)) or {}
+        return status.get("phase") in TERMINAL_PHASES
+
+    async def _take_promotions(self, mine: dict[str, dict]) -> None:
+        """Warm spares the controller gave a replica's place: rename them, tell them which replica."""
+        promoted: dict[str, tuple[int, int]] = {}
+        for name, assignment in sorted(mine.items()):
+            spare_name = assignment.get("adopt")
+            spare = self.table.get(self.job_id, spare_name) if spare_name else None
+            if spare is None:
+                continue
+            predecessor = self.table.get(self.job_id, name)
+            if predecessor is not None:
+                if predecessor.generation >= assignment["generation"]:
+                    continue  # taken over already
+                self.table.signal(predecessor, signal.SIGKILL)  # the displaced replica this spare replaces
+                self.table.forget(predecessor)
+            old_generation = spare.generation
+            self.table.rename(spare, name, assignment["generation"])
+            self.published.pop(spare_name, None)
+            spare_group = proc_spec(spare_name).group
+            promoted[f"{spare_group}-{old_generation}"] = (proc_spec(name).group_index, assignment["generation"])
+        for token, (replica, generation) in promoted.items():
+            write_file_atomic(
+                jobenv.spare_assignment_path(self.workdir, token),
+                orjson.dumps({"replica": replica, "generation": generation}),
+            )
+
+    async def _drop_unassigned(self, mine: dict[str, dict], assigned: dict[str, dict]) -> None:
+        """Stop the processes whose assignment left this node or moved to a newer generation."""
+        for proc in self.table.of_job(self.job_id):
+            assignment = mine.get(proc.name)
+            if assignment is not None and assignment["generation"] == proc.generation:
+                continue
+            spec = proc_spec(proc.name)
+            if spec.role is Role.ENGINE and proc.serving and "router" in assigned:
+                await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host))
+            # An engine scaled away may finish what it holds; anything else is replaced at once.
+            self.table.signal(proc, signal.SIGTERM if spec.role is Role.ENGINE and assignment is None else signal.SIGKILL)
+            self.table.forget(proc)
+            self.published.pop(proc.name, None)
+            await self.store.delete(keys.proc(self.job_id, proc.name))
+
+    # --- exits --------------------------------------------------------------------------
+
+    def _partners(self, proc: LocalProc) -> list[LocalProc]:
+        group = proc_spec(proc.name).group
+        return [p for p in self.table.of_job(self.job_id) if proc_spec(p.name).group == group and p is not proc]
+
+    async def _on_exit(self, proc: LocalProc, assigned: dict, reported: dict, now: float) -> None:
+        spec = proc_spec(proc.name)
+        progress = await self.store.get(keys.job_progress(self.job_id)) or {}
+        idle_spare = any(
+            record.get("role") == "spare" and record.get("state") == "running"
+            for name, record in reported.items()
+            if not any(a.get("adopt") == name for a in assigned.values())
+        )
+        facts = ExitFacts(spec.role.value, proc.exit_code, bool(progress.get("finished")), idle_spare, tuple(proc.restarts), now)
+        decision = decide_exit(facts, self.policy)
+        if decision.action is ExitAction.SUCCEED_JOB:
+            proc.state = ProcState.EXITED
+            await self._publish(proc)
+            await self._set_phase("succeeded", "")
+            await self.events.emit("job_succeeded", decision.reason)
+            return
+        if decision.action is ExitAction.DONE:
+            proc.state = ProcState.EXITED
+            return
+        await self.events.emit(
+            "proc_exited", f"exit code {proc.exit_code}; see logs/{proc.name}.log", proc=proc.name,
+            exit_code=proc.exit_code, device=proc.device,
+        )  # fmt: skip
+        if spec.role is Role.ENGINE and proc.serving and "router" in assigned:
+            # Out of the router at once, so no new request goes to a dead engine.
+            proc.serving = False
+            await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host))
+        group = [proc, *self._partners(proc)] if spec.role in (Role.TRAINER, Role.SPARE) else [proc]
+        for partner in group[1:]:
+            # The other ranks of a dead rank's replica are stuck in their collectives.
+            self.table.signal(partner, signal.SIGKILL)
+        if decision.action is ExitAction.FAIL_JOB:
+            proc.state = ProcState.FAILED
+            reason = f"{proc.name} {decision.reason}; last exit code {proc.exit_code}; see logs/{proc.name}.log"
+            await self._publish(proc)
+            await self._set_phase("failed", reason)
+            await self.events.emit("job_failed", reason, proc=proc.name)
+            return
+        if decision.action is ExitAction.MOVE_REPLICA:
+            if decision.quarantine_device:
+                devices = [p.device for p in group if p.device is not None]
+                await mark_failed(self.store, self.node, devices, f"{proc.name}: non-finite values", self.device_cooldown_s)
+            for member in group:
+                member.state = ProcState.DISPLACED
+            return
+        if decision.rollback:
+            await self.events.emit("trainer_rollback", decision.reason, proc=proc.name)
+        for member in group:
+            member.state, member.restart_at = ProcState.RESTARTING, now + decision.delay_s
+        proc.restarts.append(now)
+
+    # --- starting -----------------------------------------------------------------------
+
+    async def _start_assigned(self, mine: dict[str, dict], assigned: dict[str, dict], failed: set[int]) -> None:
+        endpoints = self._endpoints(assigned)
+        if endpoints is None:
+            return
+        now = time.time()
+        groups: dict[str, list[tuple[ProcSpec, dict]]] = {}
+        for name, assignment in sorted(mine.items()):
+            groups.setdefault(proc_spec(name).group, []).append((proc_spec(name), assignment))
+        for group, members in groups.items():
+            procs = []
+            for spec, assignment in members:
+                proc = self.table.get(self.job_id, spec.name) or self.table.add(
+                    LocalProc(self.job_id, spec.name, assignment["generation"], assignment.get("device"), assignment.get("port"))
+                )
+                procs.append(proc)
+            due = [p for p in procs if p.state is ProcState.WAITING or (p.state is ProcState.RESTARTING and now >= (p.restart_at or 0))]
+            if any(p.device in failed for p in procs):
+                continue  # not on a failed device: the controller is moving the group
+            if not due or not await self._ready(members[0][0]):
+                continue
+            if members[0][0].role in (Role.TRAINER, Role.SPARE):
+                if len(procs) < self.spec.trainer.tensor_parallel:
+                    continue  # a rank is not assigned here yet
+                for partner in (p for p in procs if p.state is ProcState.RUNNING):
+                    # A group starts whole (a rank died while erld was down, say): its live ranks go too.
+                    self.table.signal(partner, signal.SIGKILL)
+                    partner.state, partner.restart_at = ProcState.RESTARTING, now
+                # A group starting afresh meets at a new place (its rank 0 opens a store there).
+                rendezvous = {jobenv.RENDEZVOUS: str(jobenv.rendezvous_path(self.workdir, group, time.time_ns()))}
+            else:
+                rendezvous = {}
+            for proc, (spec, assignment) in zip(procs, members):
+                if proc not in due and proc.state is not ProcState.RESTARTING:
+                    continue
+                await self._spawn(proc, spec, assignment, endpoints, rendezvous)
+
+    async def _ready(self, spec: ProcSpec) -> bool:
+        """Whether a group may start: an engine needs the job's initial weights, which the services'
+        agent exports (in the background) when it starts them."""
+        have_weights = jobenv.latest_weights_version(self.workdir) is not None
+        if spec.role is Role.LIGHTHOUSE and not have_weights and self._exporting is None:
+            self._exporting = asyncio.create_task(self._export_initial_weights())
+        return have_weights or spec.role is not Role.ENGINE
+
+    async def _check_export(self) -> None:
+        """A failed export of the initial weights fails the job: no engine could start."""
+        if self._exporting is None or not self._exporting.done():
+            return
+        error, self._exporting = self._exporting.exception(), None
+        if error is not None:
+            await self._set_phase("failed", str(error))
+            await self.events.emit("job_failed", str(error))
+
+    async def _export_initial_weights(self) -> None:
+        log_path = self.workdir / "logs" / "init-weights.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log_file:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "elastic_rl.model.export",
+                str(self.workdir / jobenv.SPEC_FILE), str(jobenv.weights_dir(self.workdir, 0)),
+                stdout=log_file, stderr=subprocess.STDOUT, env=self._base_env(),
+            )  # fmt: skip
+            code = await process.wait()
+        if code != 0:
+            raise RuntimeError(f"exporting the initial weights failed (exit {code}); see {log_path}")
+
+    async def _spawn(self, proc: LocalProc, spec: ProcSpec, assignment: dict, endpoints: Endpoints, extra: dict) -> None:
+        restarted = proc.state is ProcState.RESTARTING
+        env = {**process_env(spec, assignment, endpoints, self._base_env(), self.host, self.spec.trainer.tensor_parallel), **extra}
+        self.table.spawn(proc, command(spec, assignment, self.spec, self.workdir, self.host), env, self.workdir)
+        await self._publish(proc)
+        if restarted:
+            await self.events.emit("proc_restarted", f"restart {len(proc.restarts)}", proc=proc.name, device=proc.device)
+        elif not assignment.get("initial"):
+            # Placed after the job started: a new spare, a moved group, an added engine.
+            await self.events.emit("proc_started", f"on node {self.node}", proc=proc.name, device=proc.device)
+        if spec.role is Role.ENGINE:
+            # A replaced, moved or added engine is news; the job's first engines are not.
+            announce = restarted or not assignment.get("initial")
+            self._in_background(proc.name, self._register_engine(proc, endpoints.router, announce))
+        elif spec.role is Role.ROUTER:
+            self._in_background(proc.name, self._register_every_engine(endpoints.router))
+
+    async def _register_engine(self, proc: LocalProc, router_url: str, announce: bool) -> None:
+        engine_url = url(proc.port, host=self.host)
+        client = EngineClient(engine_url)
+        try:
+            await client.wait_healthy(self.spec.engines.startup_timeout_s)
+        except EngineError as exc:
+            await self._replace_engine(proc, f"it did not start: {exc}")
+            return
+        # Newer weights may have come while it started: it serves no stale version.
+        version = jobenv.latest_weights_version(self.workdir)
+        if version is not None and str(version) != (await client.model_info())["weight_version"]:
+            await client.update_weights_from_disk(str(jobenv.weights_dir(self.workdir, version)), str(version))
+        await engines.register(router_url, engine_url, self.spec.engines.startup_timeout_s)
+        proc.serving = True
+        self.health_failures[proc.name] = 0
+        await self._publish(proc)
+        if announce:
+            await self.events.emit("engine_serving", "registered with the router", proc=proc.name, device=proc.device)
+
+    async def _register_every_engine(self, router_url: str) -> None:
+        reported = await self.store.get_prefix(keys.procs(self.job_id))
+        serving = [record["url"] for record in reported.values() if record.get("role") == "engine" and record.get("serving")]
+        await engines.register_all(router_url, serving)
+
+    # --- engine health ------------------------------------------------------------------
+
+    async def _check_engines(self, now: float, assigned: dict[str, dict]) -> None:
+        """Each interval, in the background: check this node's serving engines and replace the
+        unhealthy; where the router runs here, take out of it the addresses no engine has any more."""
+        if now - self._last_health_check < self.spec.engines.health_interval_s or "health" in self._background:
+            return
+        self._last_health_check = now
+        serving = {p.name: url(p.port, host=self.host) for p in self.table.of_job(self.job_id) if p.serving and p.state is ProcState.RUNNING}
+        if serving:
+            self._in_background("health", self._health_pass(serving))
+        router = assigned.get("router")
+        if router is not None and router["node"] == self.node and "prune" not in self._background:
+            engine_urls = {server_url(a) for name, a in assigned.items() if proc_spec(name).role is Role.ENGINE}
+            self._in_background("prune", engines.prune(server_url(router), engine_urls))
+
+    async def _health_pass(self, serving: dict[str, str]) -> None:
+        verdicts = await engines.check(
+            serving, self.health_failures, self.spec.engines.health_timeout_s, self.spec.engines.health_failure_threshold
+        )
+        assigned = {keys.last_part(k): v for k, v in (await self.store.get_prefix(keys.assignments(self.job_id))).items()}
+        for name, verdict in verdicts.items():
+            proc = self.table.get(self.job_id, name)
+            if not verdict.unhealthy or proc is None or not proc.serving or proc.state is not ProcState.RUNNING:
+                continue  # healthy, or replaced or gone while the check ran
+            if "router" in assigned:
+                await engines.unregister(server_url(assigned["router"]), serving[name])
+            await self._replace_engine(proc, verdict.reason)
+
+    async def _replace_engine(self, proc: LocalProc, reason: str) -> None:
+        await self.events.emit("engine_unhealthy", f"{reason}; replacing it", proc=proc.name, device=proc.device)
+        proc.serving = False
+        self.table.signal(proc, signal.SIGKILL)
+        proc.state, proc.restart_at = ProcState.RESTARTING, time.time()
+        proc.restarts.append(time.time())
+        await self._publish(proc)
+
+    # --- stopping ------------------------------------------------------------------------
+
+    async def stop(self, graceful: bool) -> None:
+        """Stop every process of the job here: SIGTERM and a grace period (trainers snapshot), then SIGKILL."""
+        for task in list(self._background.values()):
+            task.cancel()
+        procs = [p for p in self.table.of_job(self.job_id) if p.state is not ProcState.STOPPED]
+        if not procs:
+            return
+        if graceful:
+            for proc in procs:
+                self.table.signal(proc, signal.SIGTERM)
+            deadline = time.monotonic() + self.spec.fault_tolerance.stop_grace_s
+            while time.monotonic() < deadline and any(self.table.alive(p) for p in procs):
+                await asyncio.sleep(0.1)
+        for proc in procs:
+            self.table.signal(proc, signal.SIGKILL)
+        # Reaped before they are reported stopped: a stopped job leaves no process, not even a zombie.
+        deadline = time.monotonic() + REAP_TIMEOUT_S
+        while time.monotonic() < deadline and any(self.table.alive(p) for p in procs):
+            await asyncio.sleep(0.05)
+        for proc in procs:
+            if proc.state in (ProcState.RUNNING, ProcState.RESTARTING, ProcState.WAITING, ProcState.DISPLACED):
+                proc.state = ProcState.STOPPED
+            await self._publish(proc)

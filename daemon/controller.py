@@ -1,0 +1,283 @@
+"""The controller: the leader erld's decisions about where every job process runs.
+
+Each pass it reads the cluster from etcd (jobs, assignments, live nodes, the
+device ledger, what the agents report) and writes assignments, one per
+process: node, the node's advertise host, device slot, port, generation.
+
+- A pending job is placed whole (``policies.placement``), or waits with the
+  reason in its status.
+- A running job's groups are placed again when their node died (its lease ran
+  out), a device of theirs failed, or a trainer replica was displaced (its
+  device quarantined, or a warm spare waits to take its place). A replica's
+  place goes to an idle warm spare first; otherwise a group goes to free
+  slots, and where none are free the job runs on without it until some are.
+- The engine count follows `erl scale`.
+- When the services (lighthouse, router, orchestrator) move, every trainer
+  group gets a new generation: their addresses changed.
+- A stopping job becomes stopped once none of its processes runs; a finished
+  job's assignments are removed.
+
+A changed assignment gets the job's next generation, and every write is one
+etcd transaction conditional on the leader key being the one this controller
+won: a deposed leader's late writes fail (fencing).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daemon.plan import SERVICES, group_procs, job_groups, proc_spec
+from elastic_rl import jobenv
+from elastic_rl.config import JobSpec
+from elastic_rl.events import EventLog
+from elastic_rl.net import free_port
+from elastic_rl.store import keys
+from elastic_rl.store.client import Store
+from elastic_rl.store.devices import used_slots
+from policies.placement import Group, GroupKind, place_groups
+
+log = logging.getLogger("erld.controller")
+
+TERMINAL_PHASES = ("succeeded", "failed", "stopped")
+
+
+class NotLeader(Exception):
+    """The leader key changed under this controller: it stops deciding."""
+
+
+@dataclass
+class Cluster:
+    """What one pass reads from etcd."""
+
+    statuses: dict[str, dict]
+    assignments: dict[str, dict[str, dict]]
+    nodes: dict[str, dict]
+    reported: dict[str, dict[str, dict]]
+    """Job -> process -> the record its agent reports."""
+    failed: dict[str, set[int]]
+    progress: dict[str, dict] = field(default_factory=dict)
+
+    def free(self) -> dict[str, list[int]]:
+        used = used_slots(self.statuses, self.assignments)
+        return {
+            node: [i for i in range(info["devices"]) if i not in used.get(node, set()) | self.failed.get(node, set())]
+            for node, info in self.nodes.items()
+        }
+
+
+@dataclass
+class Changes:
+    """The writes one pass makes for a job, and the events they are worth."""
+
+    puts: dict[str, Any] = field(default_factory=dict)
+    deletes: set[str] = field(default_factory=set)
+    events: list[tuple[str, str, dict]] = field(default_factory=list)
+
+
+def _by_group(assigned: dict[str, dict]) -> dict[str, dict[str, dict]]:
+    groups: dict[str, dict[str, dict]] = {}
+    for name, assignment in sorted(assigned.items()):
+        groups.setdefault(proc_spec(name).group, {})[name] = assignment
+    return groups
+
+
+def _reports(reported: dict[str, dict], proc: str, assignment: dict, state: str) -> bool:
+    """Whether the agent reports ``proc`` in ``state`` for this very assignment (not a predecessor's)."""
+    record = reported.get(proc, {})
+    return record.get("state") == state and record.get("generation") == assignment["generation"]
+
+
+def _node_of(members: dict[str, dict]) -> str:
+    return next(iter(members.values()))["node"]
+
+
+class Controller:
+    def __init__(self, store: Store, node: str, events_for: Callable[[str, Path], EventLog]):
+        self.store = store
+        self.node = node
+        self.events_for = events_for
+        self.leader_revision = 0
+
+    async def _commit(self, puts: dict[str, Any], deletes: set[str] | tuple[str, ...] = ()) -> None:
+        if not await self.store.commit_if(keys.LEADER, self.leader_revision, puts, tuple(sorted(deletes))):
+            raise NotLeader(f"{self.node} is no longer the leader")
+
+    async def tick(self, cluster: Cluster) -> None:
+        for job_id, status in sorted(cluster.statuses.items(), key=lambda item: item[1].get("submitted", 0)):
+            phase = status.get("phase")
+            assigned = cluster.assignments.get(job_id, {})
+            reported = cluster.reported.get(job_id, {})
+            if phase == "pending":
+                await self._place_new(job_id, status, cluster)
+            elif phase == "running":
+                await self._keep_placed(job_id, status, cluster)
+            elif phase == "stopping" and not any(r.get("state") == "running" for r in reported.values()):
+                stopped = {**status, "phase": "stopped", "reason": "stopped by request", "ended": time.time()}
+                await self._commit({keys.job_status(job_id): stopped}, {keys.assignment(job_id, n) for n in assigned})
+                await self.events_for(job_id, Path(status["workdir"])).emit("job_stopped", "stopped by request")
+            elif phase in TERMINAL_PHASES and assigned:
+                await self._commit({}, {keys.assignment(job_id, n) for n in assigned})
+
+    async def _spec(self, job_id: str) -> JobSpec:
+        return JobSpec.model_validate(await self.store.get(keys.job_spec(job_id)))
+
+    @staticmethod
+    def _wanted(spec: JobSpec, status: dict) -> dict[str, Group]:
+        """The job's groups, with the engine count `erl scale` asked for."""
+        groups = [g for g in job_groups(spec) if g.kind is not GroupKind.ENGINE]
+        groups += [Group(f"engine-{i}", GroupKind.ENGINE, 1) for i in range(status.get("engines", spec.engines.count))]
+        return {g.name: g for g in groups}
+
+    @staticmethod
+    def _assign(group: Group, node: str, devices: tuple[int, ...], nodes: dict, generation: int) -> dict[str, dict]:
+        """Process name -> assignment for a placed group. Servers get a port chosen here."""
+        made = {}
+        for rank, proc in enumerate(group_procs(group)):
+            assignment = {
+                "node": node,
+                "host": nodes[node]["advertise_host"],
+                "device": devices[rank] if group.slots else None,
+                "generation": generation,
+            }
+            if proc.name in ("lighthouse", "router") or group.kind is GroupKind.ENGINE:
+                assignment["port"] = free_port()
+            if proc.name == "router":
+                assignment["metrics_port"] = free_port()
+            made[proc.name] = assignment
+        return made
+
+    async def _place_new(self, job_id: str, status: dict, cluster: Cluster) -> None:
+        spec = await self._spec(job_id)
+        wanted = self._wanted(spec, status)
+        placement = place_groups(list(wanted.values()), cluster.free())
+        if not placement.complete:
+            if status.get("reason") != placement.reason:
+                await self._commit({keys.job_status(job_id): {**status, "reason": placement.reason}})
+            return
+        workdir = Path(status["workdir"])
+        workdir.mkdir(parents=True, exist_ok=True)
+        jobenv.write_spec(workdir, spec)
+        generation = status.get("generation", 0) + 1
+        made: dict[str, dict] = {}
+        for name, (node, devices) in placement.assigned.items():
+            made.update(self._assign(wanted[name], node, devices, cluster.nodes, generation))
+        for assignment in made.values():
+            assignment["initial"] = True  # what the job starts with: no news when it comes up
+        running = {**status, "phase": "running", "reason": "", "generation": generation, "unplaced": []}
+        await self._commit({keys.job_status(job_id): running, **{keys.assignment(job_id, n): a for n, a in made.items()}})
+        cluster.statuses[job_id], cluster.assignments[job_id] = running, made
+        where = sorted({a["node"] for a in made.values()})
+        await self.events_for(job_id, workdir).emit(
+            "job_started", f"{len(made)} processes on node(s) {', '.join(where)}", nodes=where
+        )
+
+    async def _keep_placed(self, job_id: str, status: dict, cluster: Cluster) -> None:
+        spec = await self._spec(job_id)
+        wanted = self._wanted(spec, status)
+        groups = _by_group(cluster.assignments.get(job_id, {}))
+        reported = cluster.reported.get(job_id, {})
+        generation = status.get("generation", 0) + 1
+        changes = Changes()
+
+        lost = self._lost_groups(groups, wanted, reported, cluster)
+        for group in lost:
+            changes.deletes |= {keys.assignment(job_id, n) for n in groups[group]}
+        kept = {g: m for g, m in groups.items() if g not in lost}
+        # When the services move every trainer restarts anyway: no spare is worth promoting then.
+        promoted = set() if SERVICES in lost else self._promote_spares(job_id, lost, kept, groups, reported, generation, changes)
+        placed, degraded = self._place_missing(job_id, status, wanted, kept, groups, lost, cluster, generation, changes)
+        if SERVICES in placed and SERVICES in lost:
+            # Every trainer group restarts with the services' new addresses.
+            for group, members in kept.items():
+                if group.startswith(("replica-", "spare-")) and group not in promoted:
+                    for proc, assignment in members.items():
+                        changes.puts[keys.assignment(job_id, proc)] = {**assignment, "generation": generation}
+        engines = sum(1 for g in wanted if g.startswith("engine-"))
+        before = status.get("engines_placed", spec.engines.count)
+        if engines != before:
+            changes.events.append(("engines_scaled", f"{before} -> {engines} engines", {"engines": engines}))
+        new_status = {**status, "unplaced": sorted(degraded), "engines_placed": engines}
+        if changes.puts or changes.deletes:
+            new_status["generation"] = generation
+        elif new_status == status:
+            return
+        changes.puts[keys.job_status(job_id)] = new_status
+        await self._commit(changes.puts, changes.deletes)
+        events = self.events_for(job_id, Path(status["workdir"]))
+        for kind, message, fields in changes.events:
+            await events.emit(kind, message, **fields)
+
+    @staticmethod
+    def _lost_groups(groups: dict, wanted: dict, reported: dict, cluster: Cluster) -> dict[str, str]:
+        """Groups that must leave where they are, with why."""
+        lost = {}
+        for group, members in groups.items():
+            node = _node_of(members)
+            if group not in wanted:
+                lost[group] = "scaled away"
+            elif node not in cluster.nodes:
+                lost[group] = f"node {node} is gone"
+            elif any(a.get("device") in cluster.failed.get(node, set()) for a in members.values()):
+                lost[group] = f"a device of it on node {node} failed"
+            elif any(_reports(reported, n, a, "displaced") for n, a in members.items()):
+                lost[group] = "displaced from its devices"
+        return lost
+
+    @staticmethod
+    def _promote_spares(job_id, lost, kept, groups, reported, generation, changes: Changes) -> set[str]:
+        """A lost replica's place goes to an idle warm spare: its processes keep running, renamed."""
+        adopted = {a.get("adopt") for members in groups.values() for a in members.values()}
+        idle = [
+            g for g, members in kept.items()
+            if g.startswith("spare-") and all(_reports(reported, n, a, "running") and n not in adopted for n, a in members.items())
+        ]  # fmt: skip
+        promoted = set()
+        for group in sorted(g for g in lost if g.startswith("replica-") and lost[g] != "scaled away"):
+            if not idle:
+                break
+            spare = idle.pop(0)
+            spare_members = kept.pop(spare)
+            for proc, (spare_proc, spare_assignment) in zip(sorted(groups[group]), sorted(spare_members.items())):
+                taken = {**spare_assignment, "generation": generation, "adopt": spare_proc}
+                changes.puts[keys.assignment(job_id, proc)] = taken
+                changes.deletes.discard(keys.assignment(job_id, proc))
+                changes.deletes.add(keys.assignment(job_id, spare_proc))
+                kept.setdefault(group, {})[proc] = taken
+            promoted.add(group)
+            changes.events.append(
+                ("spare_promoted", f"{spare} takes the place of {group} ({lost[group]})", {"proc": sorted(groups[group])[0]})
+            )
+        return promoted
+
+    def _place_missing(
+        self, job_id, status, wanted, kept, groups, lost, cluster: Cluster, generation, changes: Changes
+    ) -> tuple[set[str], set[str]]:
+        """Place every wanted group that has no place: lost ones, promoted spares, new engines, the
+        degraded; return the groups placed and those still without room."""
+        missing = [wanted[g] for g in wanted if g not in kept]
+        if not missing:
+            return set(), set()
+        held = {n: a for members in kept.values() for n, a in members.items()}
+        free = Cluster(cluster.statuses, {**cluster.assignments, job_id: held}, cluster.nodes, {}, cluster.failed).free()
+        existing = {g: (wanted[g].kind, _node_of(m)) for g, m in kept.items() if g in wanted}
+        placement = place_groups(missing, free, existing)
+        for group, (node, devices) in placement.assigned.items():
+            made = self._assign(wanted[group], node, devices, cluster.nodes, generation)
+            for proc, assignment in made.items():
+                changes.puts[keys.assignment(job_id, proc)] = assignment
+                changes.deletes.discard(keys.assignment(job_id, proc))
+            kind = wanted[group].kind.value
+            if group in lost:
+                changes.events.append((f"{kind}_moved", f"{group} moves to node {node} ({lost[group]})", {"node": node}))
+        degraded = set(placement.unplaced)
+        for group in degraded - set(status.get("unplaced", [])):
+            kind = wanted[group].kind.value
+            changes.events.append(
+                (f"{kind}_degraded", f"{group} waits for room ({placement.reason}); the job runs on without it", {})
+            )
+        return set(placement.assigned), degraded

@@ -1,0 +1,130 @@
+"""erld's own HTTP endpoints: ``/metrics`` in Prometheus' text format and ``/healthz``.
+
+    curl http://127.0.0.1:9400/metrics        (the port of `erl daemon --metrics-port`)
+
+Served on the node's advertise host. The figures are those of the cluster as
+this erld last read it (each main-loop pass), rendered by ``prometheus-client``
+at scrape time: process states and restarts of the processes this node runs,
+engine health, and for every job its quorum size, rollouts committed, step and
+rollout time and snapshot age; the state of this node's device slots; whether
+this erld leads. ``/healthz`` answers 200 while the node lease is fresh.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from checkpoints.discovery import newest_committed_snapshot
+
+if TYPE_CHECKING:
+    from daemon.controller import Cluster
+    from daemon.erld import Erld
+
+PROC_STATES = ("waiting", "running", "restarting", "displaced", "exited", "stopped", "failed")
+
+
+class ClusterCollector:
+    """Builds every metric from the last cluster read, so a gone process or job leaves no stale series."""
+
+    def __init__(self, erld: Erld):
+        self.erld = erld
+        self.cluster: Cluster | None = None
+
+    def collect(self):
+        erld, cluster = self.erld, self.cluster
+        node = erld.node
+        leader = GaugeMetricFamily("erld_is_leader", "1 while this erld is the controller", labels=["node"])
+        leader.add_metric([node], 1.0 if erld.leading else 0.0)
+        yield leader
+        if cluster is None:
+            return
+        states = GaugeMetricFamily("erld_process_state", "1 for the state each job process on this node is in",
+                                   labels=["job", "proc", "state"])  # fmt: skip
+        restarts = GaugeMetricFamily("erld_process_restarts", "restarts of each job process on this node", labels=["job", "proc"])
+        engines = GaugeMetricFamily("erld_engine_serving", "1 while an engine on this node is registered and healthy",
+                                    labels=["job", "engine"])  # fmt: skip
+        for (job, name), proc in sorted(erld.table.procs.items()):
+            for state in PROC_STATES:
+                states.add_metric([job, name, state], 1.0 if proc.state.value == state else 0.0)
+            restarts.add_metric([job, name], float(len(proc.restarts)))
+            if name.startswith("engine-"):
+                engines.add_metric([job, name], 1.0 if proc.serving else 0.0)
+        yield from (states, restarts, engines)
+
+        jobs = {
+            "erld_job_rollouts_committed": ("rollouts the job has trained", lambda p, s: p.get("rollouts_done")),
+            "erld_job_quorum_size": ("trainer replicas in the last step's quorum",
+                                     lambda p, s: p.get("metrics", {}).get("train/participants")),
+            "erld_job_step_time_seconds": ("mean optimizer step time of the last rollout",
+                                           lambda p, s: p.get("metrics", {}).get("train/step_time")),
+            "erld_job_rollout_time_seconds": ("generation time of the last rollout",
+                                              lambda p, s: p.get("metrics", {}).get("rollout/time")),
+            "erld_job_snapshot_age_seconds": ("seconds since the newest committed snapshot", lambda p, s: s),
+        }  # fmt: skip
+        families = {name: GaugeMetricFamily(name, text, labels=["job"]) for name, (text, _) in jobs.items()}
+        for job, status in sorted(cluster.statuses.items()):
+            if status.get("phase") != "running":
+                continue
+            progress = cluster.progress.get(job, {})
+            snapshot = newest_committed_snapshot_age(status.get("workdir"))
+            for name, (_, value_of) in jobs.items():
+                value = value_of(progress, snapshot)
+                if value is not None:
+                    families[name].add_metric([job], float(value))
+        yield from families.values()
+
+        devices = GaugeMetricFamily("erld_device_state", "1 for the state of each device slot of this node",
+                                    labels=["node", "device", "state"])  # fmt: skip
+        slots = cluster.nodes.get(node, {}).get("devices", 0)
+        for device in range(slots):
+            failed = device in cluster.failed.get(node, set())
+            devices.add_metric([node, str(device), "failed"], 1.0 if failed else 0.0)
+            devices.add_metric([node, str(device), "healthy"], 0.0 if failed else 1.0)
+        yield devices
+
+
+def newest_committed_snapshot_age(workdir: str | None) -> float | None:
+    snapshot = newest_committed_snapshot(Path(workdir)) if workdir else None
+    return None if snapshot is None else time.time() - snapshot.path.stat().st_mtime
+
+
+class MetricsServer:
+    def __init__(self, erld: Erld, host: str, port: int | None):
+        self.erld, self.host, self.port = erld, host, port
+        self.collector = ClusterCollector(erld)
+        self.registry = CollectorRegistry()
+        self.registry.register(self.collector)
+        self.runner: web.AppRunner | None = None
+
+    def observe(self, cluster: Cluster) -> None:
+        self.collector.cluster = cluster
+
+    async def start(self) -> None:
+        if self.port is None:
+            return
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, self.host, self.port).start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        if self.erld.lease_may_have_expired():
+            return web.Response(status=503, text="node lease not renewed within its TTL\n")
+        return web.Response(text="ok\n")

@@ -1,0 +1,153 @@
+"""A job's processes: their names, roles and groups, and each one's command line and environment.
+
+The plan is pure: the spec gives the groups to place (``policies.placement``)
+and the processes of each; an assignment (which node, slot, port and
+generation the controller chose) and the job's service addresses give a
+process's command and environment. Every URL a process is given is built
+from the advertise host of the node its server runs on.
+
+    services        lighthouse, router, orchestrator (one node, no device slot)
+    engine-<i>      engine-<i>                  (one slot)
+    replica-<k>     trainer-<k>-<rank>          (trainer.tensor_parallel slots on one node)
+    spare-<s>       spare-<s>-<rank>            (likewise, warm spares)
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from elastic_rl import jobenv
+from elastic_rl.config import JobSpec
+from elastic_rl.engines.launcher import engine_command
+from elastic_rl.engines.router import router_command
+from elastic_rl.net import url
+from policies.placement import Group, GroupKind
+
+SERVICES = "services"
+
+
+class Role(Enum):
+    LIGHTHOUSE = "lighthouse"
+    ROUTER = "router"
+    ORCHESTRATOR = "orchestrator"
+    ENGINE = "engine"
+    TRAINER = "trainer"
+    SPARE = "spare"
+
+
+@dataclass(frozen=True)
+class ProcSpec:
+    name: str
+    role: Role
+    group: str
+    rank: int = 0
+
+    @property
+    def group_index(self) -> int:
+        """k of replica-k, s of spare-s, i of engine-i."""
+        return int(self.group.rsplit("-", 1)[1])
+
+
+def job_groups(spec: JobSpec) -> list[Group]:
+    tp = spec.trainer.tensor_parallel
+    groups = [Group(SERVICES, GroupKind.SERVICES, 0)]
+    groups += [Group(f"engine-{i}", GroupKind.ENGINE, 1) for i in range(spec.engines.count)]
+    groups += [Group(f"replica-{k}", GroupKind.REPLICA, tp) for k in range(spec.trainer.replicas)]
+    groups += [Group(f"spare-{s}", GroupKind.SPARE, tp) for s in range(spec.fault_tolerance.warm_spares)]
+    return groups
+
+
+def group_procs(group: Group) -> list[ProcSpec]:
+    """The processes of a group, in the order their device slots are given."""
+    if group.kind is GroupKind.SERVICES:
+        return [ProcSpec(role.value, role, SERVICES) for role in (Role.LIGHTHOUSE, Role.ROUTER, Role.ORCHESTRATOR)]
+    if group.kind is GroupKind.ENGINE:
+        return [ProcSpec(group.name, Role.ENGINE, group.name)]
+    index = group.name.rsplit("-", 1)[1]
+    role, prefix = (Role.TRAINER, "trainer") if group.kind is GroupKind.REPLICA else (Role.SPARE, "spare")
+    return [ProcSpec(f"{prefix}-{index}-{rank}", role, group.name, rank) for rank in range(group.slots)]
+
+
+def proc_spec(name: str) -> ProcSpec:
+    """The spec of a process from its name alone."""
+    if name in (role.value for role in (Role.LIGHTHOUSE, Role.ROUTER, Role.ORCHESTRATOR)):
+        return ProcSpec(name, Role(name), SERVICES)
+    if name.startswith("engine-"):
+        return ProcSpec(name, Role.ENGINE, name)
+    prefix, index, rank = name.rsplit("-", 2)
+    role = Role.TRAINER if prefix == "trainer" else Role.SPARE
+    return ProcSpec(name, role, f"{'replica' if role is Role.TRAINER else 'spare'}-{index}", int(rank))
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the job's servers are, from their assignments."""
+
+    router: str
+    lighthouse: str
+
+
+def process_env(
+    proc: ProcSpec,
+    assignment: dict,
+    endpoints: Endpoints,
+    base: dict[str, str],
+    advertise_host: str,
+    tensor_parallel: int,
+) -> dict[str, str]:
+    env = {
+        **base,
+        jobenv.PROC: proc.name,
+        jobenv.GENERATION: str(assignment["generation"]),
+        jobenv.ADVERTISE_HOST: advertise_host,
+        jobenv.ROUTER_URL: endpoints.router,
+        jobenv.LIGHTHOUSE_URL: endpoints.lighthouse,
+    }
+    if assignment.get("device") is not None:
+        env[jobenv.DEVICE] = str(assignment["device"])
+    if proc.role in (Role.TRAINER, Role.SPARE):
+        identity = jobenv.REPLICA if proc.role is Role.TRAINER else jobenv.SPARE
+        env.update({
+            identity: str(proc.group_index),
+            "RANK": str(proc.rank),
+            "LOCAL_RANK": str(proc.rank),
+            "WORLD_SIZE": str(tensor_parallel),
+            "MASTER_ADDR": advertise_host,
+        })  # fmt: skip
+    return env
+
+
+def command(proc: ProcSpec, assignment: dict, spec: JobSpec, workdir: Path, advertise_host: str) -> list[str]:
+    """The command line; engines start on the newest weights, so a replacement serves the current version."""
+    if proc.role is Role.LIGHTHOUSE:
+        ft = spec.fault_tolerance
+        return [
+            str(Path(sys.executable).parent / "torchft_lighthouse"),
+            "--min_replicas", "1",
+            "--bind", f"{advertise_host}:{assignment['port']}",
+            "--heartbeat_timeout_ms", str(ft.heartbeat_timeout_ms),
+            "--join_timeout_ms", str(ft.join_timeout_ms),
+        ]  # fmt: skip
+    if proc.role is Role.ROUTER:
+        return router_command(assignment["port"], assignment["metrics_port"], host=advertise_host)
+    if proc.role is Role.ORCHESTRATOR:
+        return [sys.executable, "-m", "elastic_rl.rollout.orchestrator"]
+    if proc.role is Role.ENGINE:
+        version = jobenv.latest_weights_version(workdir) or 0
+        return engine_command(
+            spec.engines,
+            jobenv.weights_dir(workdir, version),
+            assignment["port"],
+            host=advertise_host,
+            weight_version=str(version),
+            deterministic=spec.rollout.deterministic,
+        )
+    return [sys.executable, "-m", "elastic_rl.trainer.main"]
+
+
+def server_url(assignment: dict) -> str:
+    """The URL of an assigned server, on the advertise host of its node (written into the assignment)."""
+    return url(assignment["port"], host=assignment["host"])

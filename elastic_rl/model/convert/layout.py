@@ -1,0 +1,78 @@
+"""Where each weight lives in megatron's canonical state and in a Hugging Face checkpoint.
+
+Megatron's canonical state is what a TP=1 model holds (``megatron_state``
+gathers it at any TP). The families differ only by optional tensors: Qwen2
+adds q/k/v biases, Qwen3 per-head q/k norms, and a model with tied embeddings
+has no separate output layer. Two mappings are not one to one:
+
+- attention: megatron fuses q, k and v into ``linear_qkv``, grouped by
+  key/value head: [group 0: its q heads, k, v; group 1: ...]. HF keeps
+  ``q_proj``, ``k_proj`` and ``v_proj`` apart (biases alike).
+- the gated MLP: ``linear_fc1`` is [gate; up]; HF has ``gate_proj`` and ``up_proj``.
+
+``one_to_one`` lists the plain pairs, layer by layer; the importer and the
+exporter both read these tables, so the two directions cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from elastic_rl.model.architecture import Architecture
+
+EMBEDDING = "embedding.word_embeddings.weight"
+OUTPUT = "output_layer.weight"
+HF_EMBEDDING = "model.embed_tokens.weight"
+HF_OUTPUT = "lm_head.weight"
+
+
+def megatron_layer(layer: int) -> str:
+    return f"decoder.layers.{layer}."
+
+
+def hf_layer(layer: int) -> str:
+    return f"model.layers.{layer}."
+
+
+def one_to_one(arch: Architecture) -> dict[str, str]:
+    """Megatron name -> HF name of every tensor copied as it is (TP slicing aside)."""
+    pairs = {EMBEDDING: HF_EMBEDDING, "decoder.final_layernorm.weight": "model.norm.weight"}
+    if not arch.tie_embeddings:
+        pairs[OUTPUT] = HF_OUTPUT
+    for layer in range(arch.num_layers):
+        src, dst = megatron_layer(layer), hf_layer(layer)
+        pairs[src + "input_layernorm.weight"] = dst + "input_layernorm.weight"
+        pairs[src + "self_attention.linear_proj.weight"] = dst + "self_attn.o_proj.weight"
+        pairs[src + "pre_mlp_layernorm.weight"] = dst + "post_attention_layernorm.weight"
+        pairs[src + "mlp.linear_fc2.weight"] = dst + "mlp.down_proj.weight"
+        if arch.qk_norm:
+            pairs[src + "self_attention.q_layernorm.weight"] = dst + "self_attn.q_norm.weight"
+            pairs[src + "self_attention.k_layernorm.weight"] = dst + "self_attn.k_norm.weight"
+    return pairs
+
+
+def fused_qkv(arch: Architecture) -> dict[str, tuple[str, str, str]]:
+    """Megatron ``linear_qkv`` weight (and bias) -> the HF q, k and v tensors it fuses."""
+    fused = {}
+    kinds = ("weight", "bias") if arch.qkv_bias else ("weight",)
+    for layer in range(arch.num_layers):
+        src, dst = megatron_layer(layer), hf_layer(layer)
+        for kind in kinds:
+            fused[f"{src}self_attention.linear_qkv.{kind}"] = tuple(
+                f"{dst}self_attn.{p}_proj.{kind}" for p in ("q", "k", "v")
+            )
+    return fused
+
+
+def gated_fc1(arch: Architecture) -> dict[str, tuple[str, str]]:
+    """Megatron ``linear_fc1`` -> the HF gate and up projections it stacks."""
+    return {
+        f"{megatron_layer(layer)}mlp.linear_fc1.weight": (
+            f"{hf_layer(layer)}mlp.gate_proj.weight",
+            f"{hf_layer(layer)}mlp.up_proj.weight",
+        )
+        for layer in range(arch.num_layers)
+    }
+
+
+def query_groups(arch: Architecture) -> tuple[int, int]:
+    """(q heads per key/value group, rows of one head)."""
+    return arch.num_attention_heads // arch.num_query_groups, arch.head_dim

@@ -1,0 +1,104 @@
+"""Where the policy starts: a pretrained HF checkpoint, or the toy model from the job's seed.
+
+``ModelSource.from_spec`` reads the spec's model section once and gives every
+process what it needs of the model: its architecture, its tokenizer, the
+policy with its initial weights at a tensor-parallel size, the KL reference,
+and the export of trained weights as an HF checkpoint of the same family with
+the same config, tokenizer and chat template.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from megatron.core import parallel_state
+from safetensors import safe_open
+from transformers import PreTrainedTokenizerBase
+
+from elastic_rl.atomic import atomic_directory
+from elastic_rl.config import ModelSpec
+from elastic_rl.model.architecture import Architecture, from_hf_config, from_toy_spec
+from elastic_rl.model.convert.hf_export import (
+    CheckpointFiles,
+    PretrainedFiles,
+    ToyFiles,
+    to_hf_state,
+    write_hf_checkpoint,
+)
+from elastic_rl.model.convert.hf_import import import_hf_weights
+from elastic_rl.model.gpt import build_gpt
+from elastic_rl.model.tokenizer import load_tokenizer, padded_vocab_size
+
+INITIAL_REFERENCE = "initial"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    architecture: Architecture
+    tokenizer: PreTrainedTokenizerBase
+    files: CheckpointFiles
+    checkpoint: Path | None
+    """The pretrained weights; None for the toy model, initialised from the seed."""
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> ModelSource:
+        tokenizer = load_tokenizer(spec)
+        if spec.hf_checkpoint is not None:
+            arch = from_hf_config(spec.hf_checkpoint)
+            return cls(arch, tokenizer, PretrainedFiles(spec.hf_checkpoint), spec.hf_checkpoint)
+        arch = from_toy_spec(spec, padded_vocab_size(tokenizer))
+        return cls(arch, tokenizer, ToyFiles(arch, tokenizer), None)
+
+    def _load(self, checkpoint: Path) -> torch.nn.Module:
+        model = build_gpt(self.architecture, _tp_size())
+        import_hf_weights(model, self.architecture, checkpoint, parallel_state.get_tensor_model_parallel_rank(), _tp_size())
+        return model
+
+    def build_policy(self) -> torch.nn.Module:
+        """The policy on this rank with its initial weights. Model parallelism must be initialised."""
+        if self.checkpoint is None:
+            return build_gpt(self.architecture, _tp_size())
+        return self._load(self.checkpoint)
+
+    def build_reference(self, policy: torch.nn.Module, reference: str) -> torch.nn.Module:
+        """The frozen KL reference: a copy of the freshly built policy, or another checkpoint.
+
+        Call it before the policy trains or loads a snapshot: every replica, restarted
+        or healed, then holds the same reference without a snapshot storing it.
+        """
+        if reference == INITIAL_REFERENCE:
+            model = build_gpt(self.architecture, _tp_size())
+            model.load_state_dict(policy.state_dict())
+        else:
+            model = self._load(Path(reference))
+        return model.eval().requires_grad_(False)
+
+    def link_as_export(self, directory: Path) -> int:
+        """The pretrained checkpoint as the initial export, its weight files hard-linked (copied across
+        filesystems); return the parameter count."""
+        files = sorted(self.checkpoint.glob("*.safetensors")) + sorted(self.checkpoint.glob("*.safetensors.index.json"))
+        with atomic_directory(directory) as temp:
+            for file in files:
+                try:
+                    os.link(file, temp / file.name)
+                except OSError:
+                    shutil.copyfile(file, temp / file.name)
+            self.files.write(temp)
+        parameters = 0
+        for file in self.checkpoint.glob("*.safetensors"):
+            with safe_open(str(file), framework="pt") as handle:
+                parameters += sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
+        return parameters
+
+    def export(self, directory: Path, canonical_state: dict[str, torch.Tensor]) -> Path:
+        """Write trained weights (megatron's canonical state) as an HF checkpoint, atomically."""
+        return write_hf_checkpoint(directory, to_hf_state(canonical_state, self.architecture), self.files)
+
+
+def _tp_size() -> int:
+    return parallel_state.get_tensor_model_parallel_world_size()

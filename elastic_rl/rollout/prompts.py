@@ -1,0 +1,66 @@
+"""A prompt as the model sees it, and the check of a job's data before it runs.
+
+``render`` turns a prompt's text into token ids: as written, or as a user
+message (after an optional system message) through the tokenizer's chat
+template. The orchestrator renders every prompt with it, and so does
+``check_data``, which `erl validate`, `erl submit` and `erl run` call so that a
+malformed data file fails with its file:line before anything starts, and
+prompts longer than the spec allows are counted up front (at run time they
+are skipped, recorded and replaced).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from elastic_rl.config import DataSpec, JobSpec
+from elastic_rl.errors import SpecError
+from elastic_rl.model.tokenizer import load_tokenizer
+from elastic_rl.rollout.data import jsonl_lines
+
+
+def render(tokenizer: PreTrainedTokenizerBase, data: DataSpec, text: str) -> list[int]:
+    """The prompt's token ids: its text, or a user message through the chat template."""
+    if not data.apply_chat_template:
+        return tokenizer(text)["input_ids"]
+    system = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+    chat = tokenizer.apply_chat_template(
+        [*system, {"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    return tokenizer(chat, add_special_tokens=False)["input_ids"]
+
+
+@dataclass(frozen=True)
+class DataReport:
+    path: Path
+    prompts: int
+    too_long: list[int]
+    """Line numbers of the prompts over the spec's prompt limit."""
+    limit: int
+
+    def summary(self) -> str:
+        text = f"data: {self.prompts} prompts in {self.path}"
+        if not self.too_long:
+            return text
+        lines = ", ".join(map(str, self.too_long[:10])) + (" ..." if len(self.too_long) > 10 else "")
+        return (
+            f"{text}; {len(self.too_long)} longer than {self.limit} tokens (rollout.max_prompt_len) "
+            f"will be skipped (lines {lines})"
+        )
+
+
+def check_data(spec: JobSpec) -> DataReport | None:
+    """Read the job's data file as the orchestrator will; ``SpecError`` for what would fail the run."""
+    data = spec.data
+    if data.path is None:
+        return None
+    records = jsonl_lines(data.path, data.prompt_key, data.label_key)
+    tokenizer = load_tokenizer(spec.model)
+    limit = spec.prompt_limit
+    too_long = [line for line, text, _ in records if len(render(tokenizer, data, text)) > limit]
+    if len(too_long) == len(records):
+        raise SpecError([f"{data.path}: every prompt is longer than {limit} tokens (rollout.max_prompt_len); none could run"])
+    return DataReport(data.path, len(records), too_long, limit)

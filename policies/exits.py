@@ -1,0 +1,78 @@
+"""What a job process's exit means, and what erld does about it.
+
+Pure: the facts of one exit in, an action out. The rows:
+
+| who | exit | action |
+|---|---|---|
+| orchestrator | any, with every rollout trained | the job succeeded |
+| trainer or spare | 0 | done: nothing to do (the orchestrator settles the job) |
+| trainer | rollback (75) | restart at once, from the newest snapshot |
+| trainer | device quarantined (76) | mark the device failed; the replica moves (a warm spare, or free devices) |
+| trainer | other, an idle warm spare exists | the spare takes the replica's place |
+| any | other | restart after the restart policy's backoff, or fail the job once its budget is spent |
+
+The agent that saw the exit applies the action; moving a replica is the
+controller's (it may go to another node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from policies.restart import RestartPolicy, decide_restart
+
+EXIT_ROLLBACK = 75
+"""The trainers rolled back: restart at once, from the newest snapshot."""
+EXIT_DEVICE_QUARANTINED = 76
+"""This replica's device produced non-finite values: mark it failed, move the replica."""
+
+
+class ExitAction(Enum):
+    SUCCEED_JOB = "succeed_job"
+    DONE = "done"
+    RESTART = "restart"
+    MOVE_REPLICA = "move_replica"
+    FAIL_JOB = "fail_job"
+
+
+@dataclass(frozen=True)
+class ExitFacts:
+    role: str
+    """orchestrator, trainer, spare, engine, router or lighthouse."""
+    exit_code: int | None
+    job_finished: bool
+    """The orchestrator reported every rollout trained."""
+    idle_spare: bool
+    """A warm spare of the job is running and unassigned."""
+    restarts: tuple[float, ...]
+    """Times of this process's earlier restarts."""
+    now: float
+
+
+@dataclass(frozen=True)
+class ExitDecision:
+    action: ExitAction
+    delay_s: float = 0.0
+    reason: str = ""
+    rollback: bool = False
+    """A restart the NaN guard asked for: no backoff, from the newest snapshot."""
+    quarantine_device: bool = False
+    """The process's device is to be marked failed."""
+
+
+def decide_exit(facts: ExitFacts, policy: RestartPolicy) -> ExitDecision:
+    if facts.role == "orchestrator" and facts.job_finished:
+        return ExitDecision(ExitAction.SUCCEED_JOB, reason="every rollout trained")
+    if facts.role in ("trainer", "spare") and facts.exit_code == 0:
+        return ExitDecision(ExitAction.DONE)
+    if facts.role == "trainer" and facts.exit_code == EXIT_ROLLBACK:
+        return ExitDecision(ExitAction.RESTART, rollback=True, reason="restarting from the newest snapshot")
+    if facts.role == "trainer" and facts.exit_code == EXIT_DEVICE_QUARANTINED:
+        return ExitDecision(ExitAction.MOVE_REPLICA, quarantine_device=True, reason="its device was quarantined")
+    if facts.role == "trainer" and facts.idle_spare:
+        return ExitDecision(ExitAction.MOVE_REPLICA, reason="a warm spare takes its place")
+    restart = decide_restart(policy, list(facts.restarts), facts.now)
+    if not restart.restart:
+        return ExitDecision(ExitAction.FAIL_JOB, reason=restart.reason)
+    return ExitDecision(ExitAction.RESTART, delay_s=restart.delay_s)

@@ -1,0 +1,105 @@
+"""Pretrained checkpoints in megatron: SmolLM2-135M-Instruct and small random Llama, Qwen2 and Qwen3
+models that transformers builds here. Import then export is bitwise the identity, and megatron's logits
+match transformers' at every tensor-parallel size the model allows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from elastic_rl.model.tokenizer import as_transformers, build_tokenizer
+from tests.processes import SMOLLM2, run_module_ranks
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+
+LOGIT_TOLERANCE = 1e-4
+SMALL = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
+RANDOM_MODELS = {
+    # Untied, with llama3 rope scaling whose low frequencies matter within 24 positions.
+    "llama-rope-scaled": LlamaConfig(
+        **SMALL,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
+        },
+    ),  # fmt: skip
+    "qwen2-tied": Qwen2Config(**SMALL, tie_word_embeddings=True),
+    # A head_dim that is not hidden / heads, as in the real Qwen3 models.
+    "qwen3": Qwen3Config(**SMALL, head_dim=32, tie_word_embeddings=False),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    assert (SMOLLM2 / "config.json").is_file(), f"{SMOLLM2} is missing: run `make models`"
+    root = tmp_path_factory.mktemp("random-models")
+    found = {"smollm2": SMOLLM2}
+    for name, config in RANDOM_MODELS.items():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        # Norm weights start at 1; random ones make a wrong mapping show in the logits.
+        with torch.no_grad():
+            for param_name, param in model.named_parameters():
+                if "norm" in param_name:
+                    param.uniform_(0.5, 1.5)
+        model.save_pretrained(root / name)
+        as_transformers(build_tokenizer()).save_pretrained(root / name)  # a checkpoint comes with one
+        found[name] = root / name
+    return found
+
+
+@pytest.fixture(scope="module")
+def exported(checkpoints, tmp_path_factory) -> dict[tuple[str, int], Path]:
+    """(model, TP) -> the worker's output: the exported checkpoint and megatron's logits.
+
+    SmolLM2 has 3 key/value heads, so it splits at TP=3, not TP=2.
+    """
+    runs = {1: list(checkpoints), 2: list(RANDOM_MODELS), 3: ["smollm2"]}
+    outputs = {}
+    for tp, names in runs.items():
+        out = tmp_path_factory.mktemp(f"tp{tp}")
+        run_module_ranks("tests.integration.pretrained_worker", tp, out, *(checkpoints[n] for n in names))
+        outputs.update({(name, tp): out / checkpoints[name].name for name in names})
+    return outputs
+
+
+CASES = [("smollm2", 1), ("smollm2", 3)] + [(name, tp) for name in RANDOM_MODELS for tp in (1, 2)]
+
+
+@pytest.mark.parametrize("name, tp", CASES)
+def test_import_then_export_is_bitwise_the_identity(checkpoints, exported, name, tp):
+    original = load_file(str(checkpoints[name] / "model.safetensors"))
+    back = load_file(str(exported[name, tp] / "hf" / "model.safetensors"))
+    assert sorted(back) == sorted(original)
+    for tensor_name, tensor in original.items():
+        assert torch.equal(back[tensor_name], tensor.float()), tensor_name
+
+
+@pytest.mark.parametrize("name, tp", CASES)
+def test_megatron_logits_match_transformers(checkpoints, exported, name, tp):
+    saved = torch.load(exported[name, tp] / "logits.pt", weights_only=True)
+    hf = AutoModelForCausalLM.from_pretrained(str(checkpoints[name]), dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = hf(saved["tokens"]).logits
+    assert saved["logits"].shape == expected.shape
+    assert (saved["logits"] - expected).abs().max().item() <= LOGIT_TOLERANCE
+
+
+def test_the_export_is_a_checkpoint_of_the_same_family(checkpoints, exported):
+    hf = AutoModelForCausalLM.from_pretrained(str(exported["qwen3", 2] / "hf"), dtype=torch.float32)
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    folder = exported["smollm2", 3] / "hf"
+    assert {"tokenizer.json", "chat_template.jinja", "generation_config.json"} <= {p.name for p in folder.iterdir()}

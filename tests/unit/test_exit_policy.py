@@ -1,0 +1,59 @@
+"""What a job process's exit means (policies.exits): one test per row of its table."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.exits import EXIT_DEVICE_QUARANTINED, EXIT_ROLLBACK, ExitAction, ExitFacts, decide_exit
+from policies.restart import RestartPolicy
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+POLICY = RestartPolicy(max_restarts=2, window_s=60, base_delay_s=0.5, max_delay_s=4)
+
+
+def decide(role: str, code: int | None, finished=False, idle_spare=False, restarts=()):
+    return decide_exit(ExitFacts(role, code, finished, idle_spare, tuple(restarts), now=100.0), POLICY)
+
+
+def test_the_orchestrator_ending_after_the_last_rollout_settles_the_job():
+    assert decide("orchestrator", 0, finished=True).action is ExitAction.SUCCEED_JOB
+
+
+def test_the_orchestrator_ending_early_is_a_crash():
+    decision = decide("orchestrator", 0, finished=False)
+    assert decision.action is ExitAction.RESTART and decision.delay_s == 0.5
+
+
+@pytest.mark.parametrize("role", ["trainer", "spare"])
+def test_a_trainer_done_is_done(role):
+    assert decide(role, 0).action is ExitAction.DONE
+
+
+def test_a_rollback_restarts_at_once_without_the_backoff():
+    decision = decide("trainer", EXIT_ROLLBACK, restarts=[99.0])
+    assert decision.action is ExitAction.RESTART and decision.rollback and decision.delay_s == 0.0
+
+
+def test_a_quarantined_device_moves_the_replica_and_marks_the_device():
+    decision = decide("trainer", EXIT_DEVICE_QUARANTINED)
+    assert decision.action is ExitAction.MOVE_REPLICA and decision.quarantine_device
+
+
+def test_a_crashed_replica_goes_to_an_idle_warm_spare():
+    decision = decide("trainer", -9, idle_spare=True)
+    assert decision.action is ExitAction.MOVE_REPLICA and not decision.quarantine_device
+
+
+def test_a_crash_without_a_spare_restarts_after_the_backoff():
+    assert decide("trainer", -9, restarts=[99.0]).delay_s == 1.0
+    assert decide("engine", 1).action is ExitAction.RESTART
+
+
+def test_a_spent_budget_fails_the_job_with_its_reason():
+    decision = decide("router", 1, restarts=[98.0, 99.0])
+    assert decision.action is ExitAction.FAIL_JOB and "3 times within 60s" in decision.reason
+
+
+def test_only_trainers_go_to_spares():
+    assert decide("engine", -9, idle_spare=True).action is ExitAction.RESTART
