@@ -49,9 +49,10 @@ test: setup models
 	$(PY) -m pytest
 
 # The chaos scenario library (chaos/scenarios/*.yaml), each against its fault-free run with every
-# invariant checked and a report written, and the long replica runs (three replicas, tensor-parallel ones).
+# invariant checked and a report written, the long replica runs (one killed, three replicas, tensor-parallel
+# ones) and the transient NaN case.
 chaos: setup models
-	$(PY) -m pytest -m chaos tests/chaos tests/integration/test_replicas.py
+	$(PY) -m pytest -m chaos tests/chaos tests/integration/test_replicas.py tests/integration/test_nan_guard.py
 
 clean:
 	rm -rf $(VENV) runs models .pytest_cache

@@ -36,7 +36,11 @@ def apply_retention(workdir: Path, keep_last: int, keep_every: int) -> list[int]
 def prune_weights(workdir: Path, keep_last: int, grace_s: float) -> list[int]:
     """Delete the exported weight versions nobody needs any more; return them. ``grace_s``: how long
     an engine may take to start (and load the version it was started on)."""
-    needed = {int(read_manifest(snapshot_path(workdir, step))["last_rollout"]) + 1 for step in valid_steps(workdir)}
+    needed = set()
+    for step in valid_steps(workdir):
+        manifest = read_manifest(snapshot_path(workdir, step))
+        if manifest is not None:  # else snapshot retention deleted it since it was verified
+            needed.add(int(manifest["last_rollout"]) + 1)
     versions = jobenv.weights_versions(workdir)
     exported_at = {v: jobenv.weights_dir(workdir, v).stat().st_mtime for v in versions}
     doomed = weights_to_delete(versions, keep_last, needed, exported_at, time.time(), grace_s)

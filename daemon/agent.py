@@ -311,11 +311,12 @@ class JobAgent:
 
     async def _ready(self, spec: ProcSpec) -> bool:
         """Whether a group may start: an engine needs the job's initial weights, which the services'
-        agent exports (in the background) when it starts them."""
+        agent exports (in the background) when it starts them. A cpu engine starts at once and
+        waits for them itself, so its imports overlap the export."""
         have_weights = jobenv.latest_weights_version(self.workdir) is not None
         if spec.role is Role.LIGHTHOUSE and not have_weights and self._exporting is None:
             self._exporting = asyncio.create_task(self._export_initial_weights())
-        return have_weights or spec.role is not Role.ENGINE
+        return have_weights or spec.role is not Role.ENGINE or self.spec.engines.kind == "cpu"
 
     async def _check_export(self) -> None:
         """A failed export of the initial weights fails the job: no engine could start."""

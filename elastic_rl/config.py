@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from elastic_rl.algo.choices import AdvantageEstimator, LossAggregation
 from elastic_rl.errors import SpecError
 from elastic_rl.model.architecture import CONFIG_FILE, from_hf_config
 
@@ -268,7 +269,11 @@ class TrainerSpec(Component):
     global_batch_size: PositiveInt = 64
     """Samples in one optimizer step, summed over every replica."""
     micro_batch_size: PositiveInt = 16
-    """Samples in one forward/backward pass."""
+    """Samples in one forward/backward pass (unless max_tokens_per_micro_batch is set)."""
+    max_tokens_per_micro_batch: PositiveInt | None = None
+    """Group samples by length into micro-batches of at most this many token slots (samples times
+    the longest one's length; a longer sample goes alone) instead of micro_batch_size samples each.
+    The gradient is the same either way (up to float rounding); the padding is less."""
     lr: PositiveFloat = 1e-3
     """Peak learning rate."""
     min_lr: float = Field(0.0, ge=0.0)
@@ -300,8 +305,18 @@ class TrainerSpec(Component):
 
 
 class AlgorithmSpec(Component):
-    """The RL objective: GRPO with asymmetric PPO clipping and optional KL."""
+    """The RL objective: an advantage estimator, asymmetric PPO clipping, optional TIS, KL and entropy terms."""
 
+    advantage_estimator: AdvantageEstimator = AdvantageEstimator.GRPO
+    """`grpo`, `gspo` (GRPO's advantages, a sequence-level ratio clipped per sequence),
+    `reinforce_plus_plus` (returns whitened over the rollout batch) or
+    `reinforce_plus_plus_baseline` (the same on rewards minus their group's mean)."""
+    loss_aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
+    """How per-token losses become the step's loss: `token_mean` over the global batch's tokens,
+    or `seq_mean_token_mean` / `seq_mean_token_sum` over its sequences."""
+    tis_cap: PositiveFloat | None = None
+    """Truncated importance sampling: weight each token's policy loss by the trainer's over the
+    engine's probability of it, capped at this; unset turns TIS off."""
     eps_clip: PositiveFloat = 0.2
     """Lower PPO clip: the ratio is kept above 1 - eps_clip."""
     eps_clip_high: PositiveFloat = 0.28
@@ -310,6 +325,9 @@ class AlgorithmSpec(Component):
     """Weight of the KL penalty to the reference model; 0 disables the reference."""
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
     """Estimator of KL(policy || reference)."""
+    kl_in_reward: bool = False
+    """Subtract the KL penalty from the reward (per token for REINFORCE++, per sequence otherwise)
+    instead of adding it to the loss; needs kl_coef > 0."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """Weight of the entropy bonus (entropy is always logged)."""
     normalize_advantages_by_std: bool = True
@@ -317,6 +335,12 @@ class AlgorithmSpec(Component):
     reference: str = "initial"
     """The KL reference policy: `initial` (the policy's starting weights) or the path of an HF
     checkpoint of the same architecture."""
+
+    @model_validator(mode="after")
+    def _kl_in_reward_needs_a_coefficient(self) -> AlgorithmSpec:
+        if self.kl_in_reward and self.kl_coef == 0:
+            raise ValueError("kl_in_reward needs kl_coef > 0 (with kl_coef 0 there is no KL to subtract)")
+        return self
 
     @field_validator("reference")
     @classmethod

@@ -1,14 +1,26 @@
-"""Per-token losses and their reduction over the global batch.
+"""Per-token policy losses and their aggregation over the global batch.
 
-Each loss term is a small function of per-token tensors; ``reduce_global``
-sums a term over this shard's response tokens and divides by the number of
-response tokens in the *global* batch, so gradients summed across shards and
-replicas equal the gradient of the global token mean, whatever the split.
+Small functions over shared pieces: the clipped surrogate on a ratio, the ratio per token (PPO)
+or per sequence (GSPO), truncated importance weights (TIS), and ``aggregate``, which turns
+per-token values into the step's loss. Each aggregation divides by a count of the *global*
+batch (its tokens or its samples), so gradients summed across shards and replicas equal the
+gradient of the whole batch's loss, whatever the split.
 """
 
 from __future__ import annotations
 
 import torch
+
+from elastic_rl.algo.choices import LossAggregation
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, eps_clip: float, eps_clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic clipped objective as a loss, with asymmetric clipping; returns (loss, clipped)."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - eps_clip, 1 + eps_clip_high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
 
 
 def ppo_clipped_loss(
@@ -18,11 +30,36 @@ def ppo_clipped_loss(
     eps_clip: float,
     eps_clip_high: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO's policy loss with asymmetric PPO clipping; returns (loss, clipped) per token."""
-    ratio = (logp - old_logp).exp()
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - eps_clip, 1 + eps_clip_high)
-    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+    """The clipped loss on each token's own ratio (GRPO, REINFORCE++); returns (loss, clipped) per token."""
+    return clipped_surrogate((logp - old_logp).exp(), advantages, eps_clip, eps_clip_high)
+
+
+def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's importance ratio, per token: its value is the sequence's length-normalised ratio
+    exp(mean over response tokens of (logp - old_logp)); its gradient flows through each token's
+    own log prob, scaled by that value."""
+    lengths = mask.sum(dim=1, keepdim=True).clamp(min=1)
+    sequence = (((logp - old_logp) * mask).sum(dim=1, keepdim=True) / lengths).detach().exp()
+    return sequence * (logp - logp.detach()).exp()
+
+
+def gspo_clipped_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_clip: float,
+    eps_clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO: the clipped loss on the sequence-level ratio, so a sequence is clipped as a whole."""
+    return clipped_surrogate(sequence_ratio(logp, old_logp, mask), advantages, eps_clip, eps_clip_high)
+
+
+def tis_weights(old_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling: per token, pi_trainer / pi_engine for the sampled token,
+    capped at ``cap``. It corrects for the engine having sampled from a slightly different
+    policy (another precision, or older weights in async mode); no gradient flows through it."""
+    return (old_logp - engine_logp).exp().clamp(max=cap).detach()
 
 
 def ppo_kl(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
@@ -30,6 +67,31 @@ def ppo_kl(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     return old_logp - logp
 
 
+def policy_token_loss(
+    pg: torch.Tensor,
+    entropy: torch.Tensor,
+    kl: torch.Tensor | None,
+    entropy_coef: float,
+    kl_coef: float,
+) -> torch.Tensor:
+    """Per token: the policy-gradient loss, minus the entropy bonus, plus the KL penalty (when KL is a loss term)."""
+    loss = pg - entropy_coef * entropy
+    return loss if kl is None else loss + kl_coef * kl
+
+
+def aggregate(
+    values: torch.Tensor, mask: torch.Tensor, how: LossAggregation, global_tokens: int, global_samples: int
+) -> torch.Tensor:
+    """This shard's share of the global batch's loss, for per-token ``values`` [batch, tokens]."""
+    masked = values * mask
+    if how is LossAggregation.TOKEN_MEAN:
+        return masked.sum() / global_tokens
+    per_sequence = masked.sum(dim=1)
+    if how is LossAggregation.SEQ_MEAN_TOKEN_MEAN:
+        per_sequence = per_sequence / mask.sum(dim=1).clamp(min=1)
+    return per_sequence.sum() / global_samples
+
+
 def reduce_global(values: torch.Tensor, mask: torch.Tensor, global_tokens: int) -> torch.Tensor:
-    """Sum ``values`` over masked tokens, normalised by the global batch's token count."""
+    """Sum ``values`` over masked tokens, normalised by the global batch's token count (the metrics' reduction)."""
     return (values * mask).sum() / global_tokens

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from elastic_rl.engines.sampling import InvalidRequest
 log = logging.getLogger("elastic_rl.engines.cpu_server")
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0
+MODEL_POLL_S = 0.1
 # Polled every second by erld and the router: not worth a log line each.
 QUIET_PATHS = ("/health", "/health_generate")
 
@@ -209,6 +211,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weight-version", default="0", help="version reported before any update")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument(
+        "--wait-for-model", type=float, default=0.0, metavar="S",
+        help="wait up to S seconds for --model-path to appear (it may still be being written)",
+    )
+    parser.add_argument(
         "--enable-deterministic-inference",
         action="store_true",
         help="results independent of batching: one forward pass per sequence",
@@ -217,6 +223,9 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(args.threads)
+    deadline = time.monotonic() + args.wait_for_model
+    while not args.model_path.is_dir() and time.monotonic() < deadline:
+        time.sleep(MODEL_POLL_S)  # the folder appears whole (written aside, then renamed)
     if not (args.model_path / "config.json").is_file():
         parser.error(f"--model-path {args.model_path}: no config.json there; give an HF checkpoint folder")
     engine = CpuEngine(

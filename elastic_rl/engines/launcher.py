@@ -33,6 +33,8 @@ def engine_command(
             "--host", host,
             "--port", str(port),
             "--weight-version", weight_version,
+            # erld starts cpu engines while the job's first weights are still being exported: they import meanwhile.
+            "--wait-for-model", str(spec.startup_timeout_s),
             *determinism,
         ]  # fmt: skip
     command = [

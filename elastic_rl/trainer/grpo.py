@@ -1,9 +1,9 @@
-"""One optimizer step of GRPO under torchft, with the NaN/Inf guard.
+"""One optimizer step of the policy-gradient objective under torchft, with the NaN/Inf guard.
 
 A rollout batch is trained in ``samples / global_batch_size`` steps. Each
 step's global batch is split by that step's quorum (participant i of n takes
-shard i), the loss is normalised by the global batch's response tokens, and
-gradients are summed across replicas in one all-reduce, so the gradient does
+shard i), the loss is normalised by the global batch (its response tokens or
+its samples, ``algorithm.loss_aggregation``), and gradients are summed across replicas in one all-reduce, so the gradient does
 not depend on how many replicas took part. The same all-reduce carries each
 replica's verdict on its own shard (finite or not) and the metric sums, so
 every replica sees the same step and reaches the same NaN/Inf response
@@ -20,13 +20,15 @@ from typing import Any
 import torch
 from megatron.core import parallel_state
 
-from elastic_rl.algo.advantages import grpo_advantages
+from elastic_rl.algo.advantages import token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
-from elastic_rl.algo.losses import ppo_clipped_loss, ppo_kl, reduce_global
+from elastic_rl.algo.losses import aggregate, ppo_kl, reduce_global
+from elastic_rl.algo.objective import token_losses
 from elastic_rl.config import JobSpec
 from elastic_rl.model.gpt import forward_gpt
 from elastic_rl.model.vocab_parallel import entropy, token_log_probs
 from elastic_rl.rollout.batch import RolloutBatch
+from elastic_rl.trainer.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere
 
 
@@ -157,22 +159,27 @@ class GrpoTrainer:
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self.consecutive_skips = 0
 
-    def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        return list(rows.split(self.spec.trainer.micro_batch_size))
+    def _micro_batches(self, batch: RolloutBatch, rows: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+        """``rows`` cut into micro-batches, each with the width it is cut to: its longest sample."""
+        lengths = batch.prompt_lengths + batch.response_lengths
+        budget = self.spec.trainer.max_tokens_per_micro_batch
+        if budget is None:
+            groups = fixed_micro_batches(rows, self.spec.trainer.micro_batch_size)
+        else:
+            groups = token_budget_micro_batches(rows, lengths, budget)
+        return [(group, int(lengths[group].max())) for group in groups]
 
     @torch.no_grad()
     def _log_probs(self, model, batch: RolloutBatch) -> torch.Tensor:
-        rows = torch.arange(batch.size)
-        temperature = self.spec.rollout.temperature
-        return torch.cat([sequence_log_probs(model, batch.tokens[mb], temperature)[0] for mb in self._micro_batches(rows)])
+        logp = torch.zeros(batch.tokens.shape)
+        for mb, width in self._micro_batches(batch, torch.arange(batch.size)):
+            logp[mb, :width] = sequence_log_probs(model, batch.tokens[mb, :width], self.spec.rollout.temperature)[0]
+        return logp
 
     def prepare(self, rollout_id: int, batch: RolloutBatch, healed: dict[str, Any] | None = None) -> RolloutContext:
         """The rollout's shared state, from the current weights, or from a peer mid-rollout."""
-        spec = self.spec
+        algorithm = self.spec.algorithm
         mask = batch.response_mask()
-        advantages = grpo_advantages(
-            batch.rewards, spec.rollout.n_samples_per_prompt, spec.algorithm.normalize_advantages_by_std
-        )
         ref_logp = self._log_probs(self.reference, batch) if self.reference is not None else None
         if healed is not None:
             old_logp, gap = healed["old_logp"], healed["logprob_gap"]
@@ -180,39 +187,40 @@ class GrpoTrainer:
             old_logp = self._log_probs(self.model, batch)
             gap = ((old_logp - batch.engine_logprobs).abs() * mask).max().item()
         ref_gap = None if ref_logp is None else ((ref_logp - old_logp).abs() * mask).max().item()
-        context = RolloutContext(
-            rollout_id, batch, mask, advantages.unsqueeze(1) * mask, old_logp, ref_logp, gap, ref_gap
-        )
+        # KL in the reward is the rollout's policy against the reference, fixed for all its steps.
+        token_kl = KL_ESTIMATORS[algorithm.kl_estimator](old_logp, ref_logp) if algorithm.kl_in_reward else None
+        advantages = token_advantages(
+            algorithm.advantage_estimator, batch.rewards, mask, self.spec.rollout.n_samples_per_prompt,
+            algorithm.normalize_advantages_by_std, token_kl, algorithm.kl_coef,
+        )  # fmt: skip
+        context = RolloutContext(rollout_id, batch, mask, advantages, old_logp, ref_logp, gap, ref_gap)
         if healed is not None:
             context.metrics.values = {name: list(values) for name, values in healed["metrics"].items()}
         return context
 
-    def _shard_loss(self, ctx: RolloutContext, rows: torch.Tensor, global_tokens: int, backward: bool) -> torch.Tensor:
+    def _shard_loss(
+        self, ctx: RolloutContext, rows: torch.Tensor, global_tokens: int, global_samples: int, backward: bool
+    ) -> torch.Tensor:
         """Forward (and backward) over ``rows``; returns the metric sums in METRIC_NAMES order."""
         spec = self.spec
         sums = torch.zeros(len(METRIC_NAMES))
-        for mb in self._micro_batches(rows):
-            m = ctx.mask[mb]
-            logp, ent = sequence_log_probs(self.model, ctx.batch.tokens[mb], spec.rollout.temperature)
-            pg, clipped = ppo_clipped_loss(
-                logp, ctx.old_logp[mb], ctx.token_advantages[mb], spec.algorithm.eps_clip, spec.algorithm.eps_clip_high
-            )
-            loss_tokens = pg - spec.algorithm.entropy_coef * ent
-            kl_sum = 0.0
-            if ctx.ref_logp is not None:
-                kl = KL_ESTIMATORS[spec.algorithm.kl_estimator](logp, ctx.ref_logp[mb])
-                loss_tokens = loss_tokens + spec.algorithm.kl_coef * kl
-                kl_sum = reduce_global(kl.detach(), m, global_tokens).item()
-            loss = reduce_global(loss_tokens, m, global_tokens)
+        for mb, width in self._micro_batches(ctx.batch, rows):
+            cut = (mb, slice(0, width))
+            m = ctx.mask[cut]
+            logp, ent = sequence_log_probs(self.model, ctx.batch.tokens[cut], spec.rollout.temperature)
+            ref_logp = None if ctx.ref_logp is None else ctx.ref_logp[cut]
+            terms = token_losses(spec.algorithm, logp, ent, ctx.old_logp[cut], ctx.batch.engine_logprobs[cut],
+                                 ref_logp, ctx.token_advantages[cut], m)  # fmt: skip
+            loss = aggregate(terms.loss, m, spec.algorithm.loss_aggregation, global_tokens, global_samples)
             if backward:
                 loss.backward()
             sums += torch.tensor([
                 loss.item(),
-                reduce_global(pg.detach(), m, global_tokens).item(),
-                reduce_global(ppo_kl(logp.detach(), ctx.old_logp[mb]), m, global_tokens).item(),
+                reduce_global(terms.pg.detach(), m, global_tokens).item(),
+                reduce_global(ppo_kl(logp.detach(), ctx.old_logp[cut]), m, global_tokens).item(),
                 reduce_global(ent.detach(), m, global_tokens).item(),
-                reduce_global(clipped, m, global_tokens).item(),
-                kl_sum,
+                reduce_global(terms.clipped, m, global_tokens).item(),
+                0.0 if terms.kl is None else reduce_global(terms.kl.detach(), m, global_tokens).item(),
                 len(mb),
             ])  # fmt: skip
         return sums
@@ -229,7 +237,7 @@ class GrpoTrainer:
         global_tokens = int(ctx.mask[rows].sum().item())
 
         self.optimizer.zero_grad(set_to_none=False)
-        sums = self._shard_loss(ctx, shards[rank], global_tokens, backward=True)
+        sums = self._shard_loss(ctx, shards[rank], global_tokens, global_batch, backward=True)
         local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
 
         # One all-reduce: gradients, metric sums, and per replica slot its verdict and its shard.
@@ -285,7 +293,7 @@ class GrpoTrainer:
 
         def finite_on(shard_owner: int) -> float:
             shard = shards[int(verdicts[replicas + shard_owner].item()) - 1]
-            sums = self._shard_loss(ctx, shard, global_tokens, backward=False)
+            sums = self._shard_loss(ctx, shard, global_tokens, self.spec.trainer.global_batch_size, backward=False)
             return 1.0 if bool(sums.isfinite().all()) else 0.0
 
         rerun = torch.zeros(replicas)

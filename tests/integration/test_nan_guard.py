@@ -34,6 +34,7 @@ def run(name: str, out: Path, cache: Path) -> tuple[Path, Counter, list[dict]]:
     return workdir, Counter(e["kind"] for e in events), events
 
 
+@pytest.mark.chaos  # `make chaos`: the nan-transient scenario; make test keeps the data and device cases
 def test_a_transient_nan_is_skipped_without_a_rollback(tmp_path, cache):
     workdir, kinds, _ = run("nan-transient", tmp_path, cache)
     assert kinds["nan_step_skipped"] == 1, kinds

@@ -40,6 +40,7 @@ def assert_close_relative(expected: dict, actual: dict, tolerance: float) -> Non
         assert error <= tolerance, (name, error)
 
 
+@pytest.mark.chaos  # `make chaos`; make test kills a replica of the SmolLM2 job (test_smollm2_job.py)
 @pytest.mark.timeout(600)
 def test_killing_a_replica_loses_no_step(daemon, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"

@@ -10,9 +10,12 @@ from tests.integration.erld_support import STOP_AND_RESUME, job_events, run_job,
 pytestmark = [pytest.mark.integration]
 
 ROLLOUTS = 12
-# A dead lighthouse costs the trainer one quorum timeout, kept short here.
+# A dead lighthouse costs the trainer one quorum timeout, kept short here. Half the example's
+# prompts a rollout (and half its global batch): what is checked does not need more.
 JOB = [
     "--set", f"rollout.num_rollouts={ROLLOUTS}",
+    "--set", "rollout.prompts_per_rollout=16",
+    "--set", "trainer.global_batch_size=128",
     "--set", "checkpoints.keep_last=1000",
     "--set", "fault_tolerance.quorum_timeout_s=10",
 ]  # fmt: skip
