@@ -93,7 +93,9 @@ def _run(scenario: ChaosScenario, root: Path, faulty: bool) -> tuple[JobRun, Pat
     if faulty and scenario.nan_injection is not None:
         environment[NAN_ENV_VAR] = orjson.dumps(scenario.nan_injection).decode()
     workdir = root / "job"
-    mounted = _mount_tmpfs(workdir, scenario.topology.workdir_tmpfs_mb) if scenario.topology.workdir_tmpfs_mb else False
+    # Only the faulty run fills a disk; the reference's work dir is an ordinary folder.
+    tmpfs_mb = scenario.topology.workdir_tmpfs_mb if faulty else None
+    mounted = _mount_tmpfs(workdir, tmpfs_mb) if tmpfs_mb else False
     rng = random.Random(scenario.seed)
     faults = [(f, moment_of(f.at, rng)) for f in scenario.faults if f.kind is not FaultKind.NAN] if faulty else []
     try:
@@ -104,7 +106,12 @@ def _run(scenario: ChaosScenario, root: Path, faulty: bool) -> tuple[JobRun, Pat
             )  # fmt: skip
     finally:
         if mounted:
+            # What the run wrote outlives the tmpfs: the checks and the report read it afterwards.
+            kept = root / "job-from-tmpfs"
+            shutil.copytree(workdir, kept, symlinks=True)
             subprocess.run(["umount", "-l", str(workdir)], check=False)
+            shutil.rmtree(workdir, ignore_errors=True)
+            kept.rename(workdir)
     return run, workdir
 
 

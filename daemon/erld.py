@@ -19,7 +19,7 @@ anything (``elastic_rl.fencing``).
 Under systemd it sends READY=1 once etcd and membership are up, WATCHDOG=1
 from a main loop that is making progress, a one-line STATUS=, and STOPPING=1
 on SIGTERM, after which it stops its jobs' processes and revokes its lease.
-Each erld serves ``/metrics`` (Prometheus) and ``/healthz`` on its advertise host.
+With ``--metrics-port`` an erld serves ``/metrics`` (Prometheus) and ``/healthz`` on its advertise host.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ class Erld:
         self.controller = Controller(store, self.node, self._events)
         self.lease = None
         self.renewed = 0.0
+        self.rejoining = asyncio.Lock()  # the keep-alive and the main loop may both find the lease gone
         self.leading = False
         self.stopping = asyncio.Event()
         self.metrics = MetricsServer(self, config.advertise_host, config.metrics_port)
@@ -158,6 +159,13 @@ class Erld:
 
     async def fence_and_rejoin(self) -> None:
         """Our lease is gone (or may be): our work is being placed elsewhere. Kill it, then join afresh."""
+        asked = time.monotonic()
+        async with self.rejoining:
+            if self.renewed > asked:
+                return  # the other caller rejoined while this one waited
+            await self._fence_and_join()
+
+    async def _fence_and_join(self) -> None:
         if self.table.procs:
             log.error("node %s lost its lease: killing its %d job processes", self.node, len(self.table.procs))
             self.table.kill_all()
