@@ -169,7 +169,12 @@ class ErldNode:
                 self.kill_node()
 
     def job_pids(self) -> set[int]:
-        return {p.pid for p in psutil.process_iter(["pid"]) if _env_of(p).get(jobenv.NODE) == self.name}
+        """The job processes this erld started: its node name on this topology's etcd (another
+        topology's leftovers may share the name)."""
+        return {
+            p.pid for p in psutil.process_iter(["pid"])
+            if (env := _env_of(p)).get(jobenv.NODE) == self.name and env.get(jobenv.ETCD) == self.endpoint
+        }
 
 
 def _env_of(process: psutil.Process) -> dict[str, str]:

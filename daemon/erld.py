@@ -96,7 +96,6 @@ class Erld:
         self.controller = Controller(store, self.node, self._events)
         self.lease = None
         self.renewed = 0.0
-        self.rejoining = asyncio.Lock()  # the keep-alive and the main loop may both find the lease gone
         self.leading = False
         self.stopping = asyncio.Event()
         self.metrics = MetricsServer(self, config.advertise_host, config.metrics_port)
@@ -159,13 +158,6 @@ class Erld:
 
     async def fence_and_rejoin(self) -> None:
         """Our lease is gone (or may be): our work is being placed elsewhere. Kill it, then join afresh."""
-        asked = time.monotonic()
-        async with self.rejoining:
-            if self.renewed > asked:
-                return  # the other caller rejoined while this one waited
-            await self._fence_and_join()
-
-    async def _fence_and_join(self) -> None:
         if self.table.procs:
             log.error("node %s lost its lease: killing its %d job processes", self.node, len(self.table.procs))
             self.table.kill_all()
