@@ -25,6 +25,8 @@ from chaos.topology import Topology
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 
+SERVICE_ROLES = ("lighthouse", "router", "orchestrator")
+
 
 class NoTarget(Exception):
     """A fault found nothing to act on: the scenario fails rather than pass untested."""

@@ -4,8 +4,7 @@ For each fault, from the run's events and metrics against the fault-free run:
 
 - detection: from the fault to the first event that saw it (a process exit,
   an unhealthy engine, a smaller quorum, a skipped NaN step, a group moved);
-- back to progress: from the fault to the first rollout trained after its
-  detection;
+- back to progress: from the fault to the first rollout trained after that;
 - time lost: how much longer the rollouts around the fault took than the
   reference's median rollout;
 - steps redone: optimizer steps trained again (a resume from an older

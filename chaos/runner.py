@@ -26,8 +26,7 @@ from chaos.topology import REPO, Topology
 from elastic_rl.config import load_spec
 
 Moment = int | float | Callable[[Path], bool]
-"""A rollout count (int), seconds since the job started (float), or a predicate of the work dir
-(e.g. "a replica has healed")."""
+"""A rollout count, or a predicate of the work dir (e.g. "a replica has healed")."""
 Action = Fault | Callable[[], None]
 
 

@@ -238,16 +238,12 @@ class Topology:
         return asyncio.run(_leader(self.endpoint))
 
     def __enter__(self) -> Topology:
-        try:
-            if self.etcd is not None:
-                self.etcd.start()
-            for node in self.nodes:
-                node.start()
-            for node in self.nodes:
-                node.wait_ready()
-        except BaseException:
-            self.__exit__()  # what did start is stopped, not left running
-            raise
+        if self.etcd is not None:
+            self.etcd.start()
+        for node in self.nodes:
+            node.start()
+        for node in self.nodes:
+            node.wait_ready()
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -1,8 +1,6 @@
 """Applies retention: old snapshots go, and with them the rollout log below them; old weights go.
 
-Rank 0 of the exporting replica calls these; a replica that takes over a
-missing export may prune weights at the same time, so a version may vanish
-under the other's feet. The rollout log is cut below
+Only rank 0 of the exporting replica calls these. The rollout log is cut below
 the oldest snapshot kept: every rollout a resume could need to replay stays.
 Exported weights are kept for the newest versions (what engines load, and a
 replacement engine starts on) and for every kept snapshot (what engines start
@@ -11,7 +9,6 @@ on after `erl resume --snapshot` rewinds to it).
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -45,11 +42,7 @@ def prune_weights(workdir: Path, keep_last: int, grace_s: float) -> list[int]:
         if manifest is not None:  # else snapshot retention deleted it since it was verified
             needed.add(int(manifest["last_rollout"]) + 1)
     versions = jobenv.weights_versions(workdir)
-    exported_at = {}
-    for version in versions:
-        with contextlib.suppress(FileNotFoundError):  # another replica's publisher pruned it just now
-            exported_at[version] = jobenv.weights_dir(workdir, version).stat().st_mtime
-    versions = [v for v in versions if v in exported_at]
+    exported_at = {v: jobenv.weights_dir(workdir, v).stat().st_mtime for v in versions}
     doomed = weights_to_delete(versions, keep_last, needed, exported_at, time.time(), grace_s)
     for version in doomed:
         shutil.rmtree(jobenv.weights_dir(workdir, version), ignore_errors=True)

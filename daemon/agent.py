@@ -41,7 +41,6 @@ from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 from elastic_rl.events import EventLog
-from elastic_rl.jobs import TERMINAL_PHASES
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.errors import EngineError
 from elastic_rl.net import url
@@ -53,6 +52,7 @@ from policies.restart import RestartPolicy
 
 log = logging.getLogger("erld.agent")
 
+TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 REAP_TIMEOUT_S = 5.0  # a SIGKILLed process is gone within this; one that is not is reported anyway
 
 
@@ -365,16 +365,11 @@ class JobAgent:
         except EngineError as exc:
             await self._replace_engine(proc, f"it did not start: {exc}")
             return
-        try:
-            # Newer weights may have come while it started: it serves no stale version.
-            version = jobenv.latest_weights_version(self.workdir)
-            if version is not None and str(version) != (await client.model_info())["weight_version"]:
-                await client.update_weights_from_disk(str(jobenv.weights_dir(self.workdir, version)), str(version))
-            await engines.register(router_url, engine_url, self.spec.engines.startup_timeout_s)
-        except Exception as exc:  # left unregistered it would never serve nor be checked: start it afresh
-            if proc.state is ProcState.RUNNING:  # else its exit is already being handled
-                await self._replace_engine(proc, f"it could not be brought into the router: {exc}")
-            return
+        # Newer weights may have come while it started: it serves no stale version.
+        version = jobenv.latest_weights_version(self.workdir)
+        if version is not None and str(version) != (await client.model_info())["weight_version"]:
+            await client.update_weights_from_disk(str(jobenv.weights_dir(self.workdir, version)), str(version))
+        await engines.register(router_url, engine_url, self.spec.engines.startup_timeout_s)
         proc.serving = True
         self.health_failures[proc.name] = 0
         await self._publish(proc)

@@ -35,7 +35,6 @@ from daemon.plan import SERVICES, group_procs, job_groups, proc_spec
 from elastic_rl import jobenv
 from elastic_rl.config import JobSpec
 from elastic_rl.events import EventLog
-from elastic_rl.jobs import TERMINAL_PHASES
 from elastic_rl.net import free_port
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
@@ -44,6 +43,7 @@ from policies.placement import Group, GroupKind, place_groups
 
 log = logging.getLogger("erld.controller")
 
+TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 
 
 class NotLeader(Exception):

@@ -19,7 +19,7 @@ anything (``elastic_rl.fencing``).
 Under systemd it sends READY=1 once etcd and membership are up, WATCHDOG=1
 from a main loop that is making progress, a one-line STATUS=, and STOPPING=1
 on SIGTERM, after which it stops its jobs' processes and revokes its lease.
-With ``--metrics-port`` an erld serves ``/metrics`` (Prometheus) and ``/healthz`` on its advertise host.
+Each erld serves ``/metrics`` (Prometheus) and ``/healthz`` on its advertise host.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
@@ -236,31 +235,26 @@ async def cmd_logs(args: argparse.Namespace) -> int:
                 print(f"{file.stem}: {line}" if len(files) > 1 else line)
         return 0
     async with Store(_endpoint(args), attempts=1) as store:
-        await _follow(log_dir, args.proc, store, args.job)
+        await _follow(files, store, args.job)
     return 0
 
 
-async def _follow(log_dir: Path, proc: str | None, store: Store, job_id: str) -> None:
-    """Print new lines as they come, until the job is over (then what is left, and stop). Following
-    every process, the logs that appear later (an added engine, a new spare) join in."""
-    with contextlib.ExitStack() as stack:
-        handles: dict[Path, Any] = {}
-        while True:
-            over = (await jobs.describe(store, job_id, events=0))["status"]["phase"] in jobs.TERMINAL_PHASES
-            for file in [log_dir / f"{proc}.log"] if proc else sorted(log_dir.glob("*.log")):
-                if file not in handles and file.is_file():
-                    handles[file] = stack.enter_context(open(file, errors="replace"))
-            quiet = True
-            for file, handle in handles.items():
+async def _follow(files: list[Path], store: Store, job_id: str) -> None:
+    """Print new lines as they come, until the job is over (then what is left, and stop)."""
+    handles = {file: open(file, errors="replace") for file in files}
+    while True:
+        over = (await jobs.describe(store, job_id, events=0))["status"]["phase"] in jobs.TERMINAL_PHASES
+        quiet = True
+        for file, handle in handles.items():
+            line = handle.readline()
+            while line:
+                quiet = False
+                print(f"{file.stem}: {line}" if len(files) > 1 else line, end="", flush=True)
                 line = handle.readline()
-                while line:
-                    quiet = False
-                    print(line if proc else f"{file.stem}: {line}", end="", flush=True)
-                    line = handle.readline()
-            if over:
-                return
-            if quiet:
-                await asyncio.sleep(0.2)
+        if over:
+            return
+        if quiet:
+            await asyncio.sleep(0.2)
 
 
 async def cmd_plot(args: argparse.Namespace) -> int:

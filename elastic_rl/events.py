@@ -52,7 +52,7 @@ def emit_event(kind: str, message: str, proc: str, **fields: Any) -> None:
                 kind, message, proc=proc, **fields
             )
 
-    node = os.environ.get(jobenv.NODE, socket.gethostname())
+    node = socket.gethostname()
     try:
         asyncio.run(emit())
     except StoreUnavailable as exc:

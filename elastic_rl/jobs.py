@@ -153,7 +153,7 @@ async def stop(store: Store, job_id: str) -> str:
 async def scale(store: Store, job_id: str, engines: int) -> int:
     """Ask erld for ``engines`` engines; returns how many run now.
 
-    More engines than the cluster has free device slots for is refused
+    More engines than the job's node has free device slots for is refused
     (``InputError``): the record holds only what is real or about to be.
     """
     status = await store.get(keys.job_status(job_id))

@@ -8,11 +8,9 @@ against the same endpoints and JSON shapes they use with SGLang:
 
 The scheduler (``engines.cpu_engine``) batches concurrent requests with a KV
 cache and continuous batching. With ``--enable-deterministic-inference``
-(SGLang's flag for the same promise) each sequence has its own prefill, cache
-and attention, and only the matrix products run batched, where a start-up
-check shows they give a row the same bits whatever the batch holds; so a
-seeded request yields the same tokens and log probabilities whatever else is
-being served.
+(SGLang's flag for the same promise) each sequence runs its own forward
+passes over its own cache, so a seeded request yields the same tokens and log
+probabilities whatever else is being served.
 """
 
 from __future__ import annotations
@@ -219,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--enable-deterministic-inference",
         action="store_true",
-        help="results independent of batching: each sequence its own prefill, cache and attention",
+        help="results independent of batching: one forward pass per sequence",
     )
     args = parser.parse_args(argv)
 

@@ -30,10 +30,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+log = logging.getLogger("elastic_rl.engines.decoders")
 
 # From 4 rows on, this machine's matrix library picks one kernel and gives every row the same
 # bits whatever the other rows hold (1 to 3 rows take other kernels); checked by batch_invariant.

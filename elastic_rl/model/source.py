@@ -82,14 +82,13 @@ class ModelSource:
         """The pretrained checkpoint as the initial export, its weight files hard-linked (copied across
         filesystems); return the parameter count."""
         files = sorted(self.checkpoint.glob("*.safetensors")) + sorted(self.checkpoint.glob("*.safetensors.index.json"))
-        if not directory.exists():  # an export already there is left as it is
-            with atomic_directory(directory) as temp:
-                for file in files:
-                    try:
-                        os.link(file, temp / file.name)
-                    except OSError:
-                        shutil.copyfile(file, temp / file.name)
-                self.files.write(temp)
+        with atomic_directory(directory) as temp:
+            for file in files:
+                try:
+                    os.link(file, temp / file.name)
+                except OSError:
+                    shutil.copyfile(file, temp / file.name)
+            self.files.write(temp)
         parameters = 0
         for file in self.checkpoint.glob("*.safetensors"):
             with safe_open(str(file), framework="pt") as handle:

@@ -126,18 +126,15 @@ class Orchestrator:
         wanted, limit = self.spec.rollout.prompts_per_rollout, self.spec.prompt_limit
         kept: list[tuple[Prompt, list[int]]] = []
         skipped: list[Prompt] = []
-        misses = 0  # skipped since the last fit: a whole pass over the data without one means none fits
         while len(kept) < wanted:
-            if misses >= len(self.data.records):
+            if len(skipped) >= len(self.data.records):
                 raise ElasticRLError(f"no prompt of the data fits rollout.max_prompt_len ({limit} tokens)")
             for prompt in self.data.draw(wanted - len(kept)):
                 ids = render(self.tokenizer, self.spec.data, prompt.text)
                 if len(ids) > limit:
                     skipped.append(prompt)
-                    misses += 1
                 else:
                     kept.append((prompt, ids))
-                    misses = 0
         return kept, skipped
 
     def sampling_params(self, rollout_id: int, index: int) -> dict[str, Any]:

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from elastic_rl import jobenv
 from elastic_rl.events import EventLog
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
@@ -26,8 +24,7 @@ class ProgressReporter:
     def __init__(self, job: str, store: Store | None, workdir: Path):
         self.job = job
         self.store = store
-        node = os.environ.get(jobenv.NODE, socket.gethostname())  # erld's node name, as its own events give
-        self.events = EventLog(store, job, workdir, node) if store is not None else None
+        self.events = EventLog(store, job, workdir, socket.gethostname()) if store is not None else None
 
     @classmethod
     @contextlib.asynccontextmanager

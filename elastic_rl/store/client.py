@@ -60,7 +60,6 @@ class Store:
         self._member = 0
         self._client = _client_for(self.members[0], timeout_s)
         self._closing: set[asyncio.Task] = set()
-        self._retired: list[aetcd.Client] = []
 
     async def _next_member(self, failed: aetcd.Client) -> None:
         """Move on from the member behind ``failed``, unless a concurrent call already has."""
@@ -70,7 +69,6 @@ class Store:
         self._client = _client_for(self.members[self._member], self.timeout_s)
         # Other calls may still be in flight on the old channel (the lease keep-alive beside the main
         # loop): closing it now would cancel them. They finish or time out first.
-        self._retired.append(failed)
         closing = asyncio.create_task(self._close_later(failed))
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
@@ -97,11 +95,6 @@ class Store:
             raise StoreUnavailable(f"etcd at {self.endpoint} is unreachable ({type(exc).__name__})") from exc
 
     async def close(self) -> None:
-        for closing in list(self._closing):  # failed members' channels: closed now, not after their grace
-            closing.cancel()
-        for retired in self._retired:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(retired.close(), self.timeout_s)
         await self._client.close()
 
     async def __aenter__(self) -> Store:

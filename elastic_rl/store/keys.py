@@ -4,6 +4,7 @@
                                            (bound to its node lease)
     /erl/leader                            the controller's node name (bound to its lease); every
                                            controller write is conditional on it being unchanged
+    /erl/devices/<node>/<device>           a device slot of a live node (bound to the node lease)
     /erl/ledger/<node>/<device>            a device marked failed: reason, since, until (no lease:
                                            it outlives erld until `erl devices reset` or its cool-down)
     /erl/jobs/<job>/spec                   the validated job spec (JSON)
@@ -29,6 +30,7 @@ ROOT = "/erl"
 NODES = f"{ROOT}/nodes/"
 LEADER = f"{ROOT}/leader"
 JOBS = f"{ROOT}/jobs/"
+DEVICES = f"{ROOT}/devices/"
 LEDGER = f"{ROOT}/ledger/"
 ASSIGN = f"{ROOT}/assign/"
 EVENTS = f"{ROOT}/events/"
@@ -37,6 +39,14 @@ HISTORY = f"{ROOT}/history/"
 
 def node(name: str) -> str:
     return f"{NODES}{name}"
+
+
+def devices(node_name: str) -> str:
+    return f"{DEVICES}{node_name}/"
+
+
+def device(node_name: str, index: int) -> str:
+    return f"{devices(node_name)}{index}"
 
 
 def ledger_entry(node_name: str, index: int) -> str:

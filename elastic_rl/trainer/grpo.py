@@ -3,9 +3,8 @@
 A rollout batch is trained in ``samples / global_batch_size`` steps. Each
 step's global batch is split by that step's quorum (participant i of n takes
 shard i), the loss is normalised by the global batch (its response tokens or
-its samples, ``algorithm.loss_aggregation``), and gradients are summed across
-replicas in one all-reduce, so the gradient does not depend on how many
-replicas took part. The same all-reduce carries each
+its samples, ``algorithm.loss_aggregation``), and gradients are summed across replicas in one all-reduce, so the gradient does
+not depend on how many replicas took part. The same all-reduce carries each
 replica's verdict on its own shard (finite or not) and the metric sums, so
 every replica sees the same step and reaches the same NaN/Inf response
 (``policies.nan_guard``). The step is taken only if the Manager commits.

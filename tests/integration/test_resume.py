@@ -26,7 +26,7 @@ def test_killing_any_job_process_changes_nothing(daemon, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     run_job(daemon, clean, JOB)
     schedule = [("trainer-0-0", 2), ("router", 4), ("orchestrator", 5), ("lighthouse", 7), ("engine-0", 8),
-                (STOP_AND_RESUME, 9), ("trainer-0-0", 11)]  # fmt: skip
+                (STOP_AND_RESUME, 9), ("trainer-0-0", 10)]  # fmt: skip
     killed = run_job(daemon, faulty, JOB, schedule)
     assert len(killed) == len(schedule), killed
 
