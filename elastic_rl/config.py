@@ -395,6 +395,19 @@ class MetricsSpec(Component):
 
     tensorboard: bool = False
     """Also write them as TensorBoard event files in <workdir>/tensorboard (`tensorboard --logdir`)."""
+    wandb_offline: bool = False
+    """Also log them to a Weights & Biases run in offline mode in <workdir>/wandb (`wandb sync` uploads it)."""
+
+    @field_validator("tensorboard", "wandb_offline")
+    @classmethod
+    def _writer_installed(cls, value: bool, info: ValidationInfo) -> bool:
+        package = {"tensorboard": "tensorboard", "wandb_offline": "wandb"}[info.field_name]
+        if value and importlib.util.find_spec(package) is None:
+            raise ValueError(
+                f"metrics.{info.field_name} is on but {package} is not installed here; "
+                "install it with `pip install 'elastic-rl[metrics]'`, or turn the switch off"
+            )
+        return value
 
 
 class JobSpec(Component):

@@ -36,7 +36,7 @@ from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
 from elastic_rl.rollout.batch import RolloutBatch, read_rollout, write_rollout
 from elastic_rl.rollout.data import DataSource, Prompt
-from elastic_rl.rollout.metric_sinks import metric_sink
+from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.progress import ProgressReporter
 from elastic_rl.rollout.prompts import render
 from elastic_rl.rollout.rewards import load_reward
@@ -70,7 +70,7 @@ class Orchestrator:
         self.tokenizer = load_tokenizer(self.spec.model)
         self.reward = load_reward(self.spec.rollout.reward)
         self.data = DataSource(self.spec.data, self.spec.seed)
-        self.sink = metric_sink(self.spec, self.workdir)
+        self.sinks = metric_sinks(self.spec, self.workdir)
         # Checked before each commit: only the orchestrator the controller assigned writes the log.
         self.assignment = assignment
         self.engine_version: int | None = None
@@ -240,7 +240,8 @@ class Orchestrator:
             line["rollout/commit_time"] = self.commit_times.pop(rollout_id)
         with open(self.workdir / "metrics.jsonl", "ab") as handle:
             handle.write(orjson.dumps(line) + b"\n")
-        self.sink.write(line)
+        for sink in self.sinks:
+            sink.write(line)
         await self.progress.report(rollout_id, line)
 
     async def run(self) -> None:
@@ -287,6 +288,8 @@ class Orchestrator:
             log.info("rollout %d committed: reward %.3f", rollout_id, metrics["rollout/reward_mean"])
         for rollout_id in range(recorded, spec.num_rollouts):
             await self.record_trained(rollout_id)
+        for sink in self.sinks:
+            sink.close()
         await self.progress.finish()
 
 

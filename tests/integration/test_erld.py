@@ -18,11 +18,13 @@ from elastic_rl.store.client import Store
 from elastic_rl.store.embedded import EmbeddedEtcd
 from tests.integration.erld_support import erl, metrics, receive, status, wait_phase
 from tests.processes import REPO, SPEC
+from tests.wandb_history import history
 
 pytestmark = [pytest.mark.integration]
 
 # A short version of examples/tiny-grpo.yaml that still learns.
-SHORT_JOB = ["--set", "rollout.num_rollouts=30", "--set", "metrics.tensorboard=true"]
+SHORT_JOB = ["--set", "rollout.num_rollouts=30", "--set", "metrics.tensorboard=true",
+             "--set", "metrics.wandb_offline=true"]  # fmt: skip
 # The other advantage estimators, as jobs beside it on the same erld: GSPO with per-sequence loss
 # aggregation, and REINFORCE++ with TIS and its KL in the reward.
 OTHER_ESTIMATORS = {
@@ -75,6 +77,10 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
     board = EventAccumulator(str(workdir / "tensorboard"))
     board.Reload()
     assert [event.step for event in board.Scalars("rollout/reward_mean")] == list(range(30))
+    # And to an offline W&B run, the same reward at the same step.
+    logged = history(workdir / "wandb")
+    assert [row["_step"] for row in logged] == list(range(30))
+    assert [row["rollout/reward_mean"] for row in logged] == [line["rollout/reward_mean"] for line in lines]
     # Engine logs hold the requests, not a line per health check, and no tracebacks.
     for engine_log in (workdir / "logs").glob("engine-*.log"):
         text = engine_log.read_text()

@@ -148,6 +148,16 @@ def test_sglang_kind_without_sglang_installed():
         validate_spec({"name": "j", "engines": {"kind": "sglang"}})
 
 
+def test_a_metrics_writer_that_is_not_installed_is_named(monkeypatch):
+    import importlib.util
+
+    installed = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "wandb" else installed(name))
+    with pytest.raises(SpecError, match=r"metrics.wandb_offline is on but wandb is not installed"):
+        validate_spec({"name": "j", "metrics": {"wandb_offline": True}})
+    assert validate_spec({"name": "j", "metrics": {"tensorboard": True}}).metrics.tensorboard
+
+
 def test_reward_must_be_builtin_or_module_function():
     with pytest.raises(SpecError, match="unknown reward"):
         validate_spec({"name": "j", "rollout": {"reward": "nonsense"}})
