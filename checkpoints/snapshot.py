@@ -132,12 +132,8 @@ class SnapshotWriter:
         self.wait()
         self.last_wait_s = time.monotonic() - started
         path = snapshot_path(self.workdir, step)
-        if path.exists():
-            if verify(path) is None:
-                return  # a replayed step whose snapshot was already committed
-            if torch.distributed.get_rank() == 0:
-                shutil.rmtree(path)  # the remains of a save that was killed
-            torch.distributed.barrier(group=self.group)
+        if not self._should_write(path):
+            return  # a replayed step whose snapshot was already committed
         live = _local_entries(state, step, last_rollout)
         fields = {"step": step, "last_rollout": last_rollout, "spec_hash": spec_hash}
         self.staged = threading.Event()
@@ -145,6 +141,23 @@ class SnapshotWriter:
             self.pending = self.executor.submit(self._stage_and_write, live, path, fields)
         else:
             self._stage_and_write(live, path, fields)
+
+    def _should_write(self, path: Path) -> bool:
+        """Rank 0 looks at ``path`` and decides for every TP rank.
+
+        Each rank looking for itself could disagree: a rank whose save starts
+        first creates the folder, and one that looks after it would take it for
+        a killed save's remains, clear it and wait at a barrier its peer never
+        reaches (the fault-free TP=2 job hung so).
+        """
+        decision = [True]
+        if torch.distributed.get_rank() == 0 and path.exists():
+            if verify(path) is None:
+                decision = [False]
+            else:
+                shutil.rmtree(path)  # the remains of a save that was killed
+        torch.distributed.broadcast_object_list(decision, group=self.group, group_src=0)
+        return decision[0]
 
     def wait_staged(self) -> float:
         """Block until the snapshot in flight has copied the state; return the seconds blocked."""

@@ -62,26 +62,26 @@ def test_killing_a_replica_loses_no_step(daemon, tmp_path):
     # and the chaos scenario replica-kill-warm-spare (on the same one).
 
 
-TP2_HANG = (
-    "known gap: with several tensor-parallel replicas the fault-free run hangs after the last "
-    "rollout's snapshot (both ranks of the publishing replica stop before publishing); one TP=2 "
-    "replica does not hang. Not yet diagnosed."
-)
+@pytest.mark.timeout(600)
+def test_killing_a_tensor_parallel_replica_loses_no_step(daemon, tmp_path):
+    """Two replicas at TP=2: a dead rank takes its replica down, and it heals back from the survivor."""
+    check_a_replica_kill(daemon, tmp_path, replicas=2, tensor_parallel=2)
 
 
 @pytest.mark.chaos
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    "replicas, tensor_parallel",
-    [(3, 1)] + [pytest.param(r, 2, marks=pytest.mark.xfail(reason=TP2_HANG, run=False)) for r in (2, 3)],
-)
-def test_killing_a_replica_of_any_shape_loses_no_step(daemon, tmp_path, replicas, tensor_parallel):
-    """`make chaos`: three replicas, and tensor-parallel replicas (a dead rank takes its replica down)."""
+@pytest.mark.parametrize("tensor_parallel", [1, 2])
+def test_killing_one_of_three_replicas_loses_no_step(daemon, tmp_path, tensor_parallel):
+    check_a_replica_kill(daemon, tmp_path, replicas=3, tensor_parallel=tensor_parallel)
+
+
+def check_a_replica_kill(daemon, tmp_path, replicas: int, tensor_parallel: int) -> None:
+    """The job fault-free, then with replica 1's last rank killed: the same weights within fp32 noise."""
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     job = replica_job(replicas, tensor_parallel)
-    run_job(daemon, clean, job, timeout_s=800)
+    run_job(daemon, clean, job, timeout_s=500)
     victim = f"trainer-1-{tensor_parallel - 1}"
-    killed = run_job(daemon, faulty, job, [(victim, 2)], timeout_s=800)
+    killed = run_job(daemon, faulty, job, [(victim, 2)], timeout_s=500)
     assert killed == [victim]
     assert_close_relative(final_weights(clean), final_weights(faulty), 1e-5)
     assert [line["rollout"] for line in metrics(faulty)] == list(range(ROLLOUTS))
