@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -64,11 +63,9 @@ def run(model: str, rollouts: int, kill_at: int, root: Path, endpoint: str) -> d
     def middle(key: str) -> float:
         return median(line[key] for line in lines if key in line)
 
-    resume = re.search(
-        r"resume timing: imports ([\d.]+)s, setup ([\d.]+)s, snapshot load ([\d.]+)s, replay ([\d.]+)s",
-        (workdir / "logs" / "trainer-0-0.log").read_text(),
-    )
-    imports, setup, load, replay = (float(value) for value in resume.groups())
+    events = [orjson.loads(line) for line in (workdir / "events.jsonl").read_text().splitlines()]
+    (caught_up,) = [e for e in events if e["kind"] == "trainer_caught_up" and e["proc"] == "trainer-0-0"]
+    imports, setup, load, replay = (caught_up[key] for key in ("imports_s", "setup_s", "load_s", "replay_s"))
     # Blocked per snapshot: the save call, then the wait before the next optimizer step.
     stall = average("train/snapshot_call_time") + average("train/snapshot_gate_time")
     return {

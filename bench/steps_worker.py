@@ -35,7 +35,8 @@ from elastic_rl.atomic import write_file_atomic  # noqa: E402
 from elastic_rl.config import load_spec  # noqa: E402
 from elastic_rl.model.architecture import from_toy_spec  # noqa: E402
 from elastic_rl.model.gpt import build_gpt, init_model_parallel  # noqa: E402
-from elastic_rl.trainer.grpo import GrpoTrainer, lr_lambda  # noqa: E402
+from elastic_rl.trainer.grpo import GrpoTrainer  # noqa: E402
+from elastic_rl.trainer.lr_schedule import lr_lambda  # noqa: E402
 
 # One optimizer step per rollout: 16 prompts x 16 samples, all in one global batch.
 OVERRIDES = ["rollout.prompts_per_rollout=16", "trainer.global_batch_size=256", "trainer.replicas=2"]

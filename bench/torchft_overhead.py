@@ -32,7 +32,8 @@ from elastic_rl.config import load_spec  # noqa: E402
 from elastic_rl.model.architecture import from_toy_spec  # noqa: E402
 from elastic_rl.model.gpt import build_gpt, init_model_parallel  # noqa: E402
 from elastic_rl.rollout.batch import RolloutBatch  # noqa: E402
-from elastic_rl.trainer.grpo import GrpoTrainer, lr_lambda  # noqa: E402
+from elastic_rl.trainer.grpo import GrpoTrainer  # noqa: E402
+from elastic_rl.trainer.lr_schedule import lr_lambda  # noqa: E402
 
 MODELS = {
     "tiny": [],

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from elastic_rl.algo.choices import AdvantageEstimator, LossAggregation
+from elastic_rl.algo.choices import AdvantageEstimator, AlgorithmKind, LossAggregation
 from elastic_rl.errors import SpecError
 from elastic_rl.model.architecture import CONFIG_FILE, from_hf_config
 
@@ -305,8 +305,12 @@ class TrainerSpec(Component):
 
 
 class AlgorithmSpec(Component):
-    """The RL objective: an advantage estimator, asymmetric PPO clipping, optional TIS, KL and entropy terms."""
+    """The objective: RL (an advantage estimator, asymmetric PPO clipping, optional TIS, KL and
+    entropy terms) or SFT."""
 
+    kind: AlgorithmKind = AlgorithmKind.RL
+    """`rl`, or `sft`: train on the data's (prompt, response) pairs (the response from
+    `data.label_key`), the loss on the response's tokens only; the RL fields below are unused."""
     advantage_estimator: AdvantageEstimator = AdvantageEstimator.GRPO
     """`grpo`, `gspo` (GRPO's advantages, a sequence-level ratio clipped per sequence),
     `reinforce_plus_plus` (returns whitened over the rollout batch) or
@@ -335,6 +339,12 @@ class AlgorithmSpec(Component):
     reference: str = "initial"
     """The KL reference policy: `initial` (the policy's starting weights) or the path of an HF
     checkpoint of the same architecture."""
+
+    @model_validator(mode="after")
+    def _sft_has_no_reference(self) -> AlgorithmSpec:
+        if self.kind is AlgorithmKind.SFT and self.kl_coef > 0:
+            raise ValueError("kind sft trains on the data alone: set kl_coef to 0 (SFT has no reference policy)")
+        return self
 
     @model_validator(mode="after")
     def _kl_in_reward_needs_a_coefficient(self) -> AlgorithmSpec:
@@ -428,6 +438,12 @@ class JobSpec(Component):
     checkpoints: CheckpointSpec = CheckpointSpec()
     fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
     metrics: MetricsSpec = MetricsSpec()
+
+    @model_validator(mode="after")
+    def _sft_samples_each_pair_once(self) -> JobSpec:
+        if self.algorithm.kind is AlgorithmKind.SFT and self.rollout.n_samples_per_prompt != 1:
+            raise ValueError("algorithm.kind sft trains each (prompt, response) pair once: set rollout.n_samples_per_prompt to 1")
+        return self
 
     @model_validator(mode="after")
     def _batches_fit(self) -> JobSpec:

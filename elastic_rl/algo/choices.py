@@ -5,6 +5,13 @@ from __future__ import annotations
 from enum import Enum
 
 
+class AlgorithmKind(str, Enum):
+    RL = "rl"
+    """Policy-gradient RL on the engines' samples and their rewards."""
+    SFT = "sft"
+    """Supervised fine-tuning: the data's (prompt, response) pairs, the loss on the response's tokens."""
+
+
 class AdvantageEstimator(str, Enum):
     GRPO = "grpo"
     """Each reward against its group's mean and standard deviation; PPO's per-token ratio."""

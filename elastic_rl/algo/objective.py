@@ -3,7 +3,8 @@
 The trainer hands over log probs (its own now, its own before the rollout's first step, the
 engine's, the reference's) and advantages; this chooses the ratio (per token, or per sequence
 for GSPO), applies TIS when asked, and adds the entropy bonus and the KL term (unless the KL
-is already in the reward). Pure: the trainer owns the model, the batch and the all-reduce.
+is already in the reward). For SFT the loss is the negative log-likelihood of each response
+token. Pure: the trainer owns the model, the batch and the all-reduce.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from elastic_rl.algo.choices import AdvantageEstimator
+from elastic_rl.algo.choices import AdvantageEstimator, AlgorithmKind
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import gspo_clipped_loss, policy_token_loss, ppo_clipped_loss, tis_weights
 from elastic_rl.config import AlgorithmSpec
@@ -23,6 +24,7 @@ class TokenLosses:
     loss: torch.Tensor
     """What is aggregated and back-propagated."""
     pg: torch.Tensor
+    """The policy-gradient term per token (for SFT: the negative log-likelihood)."""
     clipped: torch.Tensor
     kl: torch.Tensor | None
     """KL to the reference per token (reported; in the loss only when it is not in the reward)."""
@@ -38,6 +40,9 @@ def token_losses(
     advantages: torch.Tensor,
     mask: torch.Tensor,
 ) -> TokenLosses:
+    if algorithm.kind is AlgorithmKind.SFT:
+        nll = -logp
+        return TokenLosses(nll, nll, torch.zeros_like(logp), None)
     if algorithm.advantage_estimator is AdvantageEstimator.GSPO:
         pg, clipped = gspo_clipped_loss(logp, old_logp, advantages, mask, algorithm.eps_clip, algorithm.eps_clip_high)
     else:

@@ -27,6 +27,7 @@ import orjson
 import torch
 
 from elastic_rl import jobenv
+from elastic_rl.algo.choices import AlgorithmKind
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
@@ -38,7 +39,7 @@ from elastic_rl.rollout.batch import RolloutBatch, read_rollout, write_rollout
 from elastic_rl.rollout.data import DataSource, Prompt
 from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.progress import ProgressReporter
-from elastic_rl.rollout.prompts import render
+from elastic_rl.rollout.prompts import render, render_response
 from elastic_rl.rollout.rewards import load_reward
 
 log = logging.getLogger("elastic_rl.orchestrator")
@@ -131,11 +132,18 @@ class Orchestrator:
                 raise ElasticRLError(f"no prompt of the data fits rollout.max_prompt_len ({limit} tokens)")
             for prompt in self.data.draw(wanted - len(kept)):
                 ids = render(self.tokenizer, self.spec.data, prompt.text)
-                if len(ids) > limit:
+                if len(ids) > limit or self._response_too_long(prompt):
                     skipped.append(prompt)
                 else:
                     kept.append((prompt, ids))
         return kept, skipped
+
+    def _response_too_long(self, prompt: Prompt) -> bool:
+        """SFT: a target longer than rollout.max_new_tokens is skipped like an over-long prompt."""
+        if self.spec.algorithm.kind is not AlgorithmKind.SFT:
+            return False
+        response = render_response(self.tokenizer, self.spec.data, prompt.text, prompt.label)
+        return len(response) > self.spec.rollout.max_new_tokens
 
     def sampling_params(self, rollout_id: int, index: int) -> dict[str, Any]:
         spec = self.spec.rollout
@@ -205,6 +213,34 @@ class Orchestrator:
             weight_versions=torch.tensor(versions),
         )
 
+    def supervised_batch(self, prompts: list[tuple[Prompt, list[int]]]) -> tuple[RolloutBatch, dict[str, float]]:
+        """SFT: each prompt followed by its label as the response; nothing is generated or scored."""
+        started = time.monotonic()
+        rows = [ids + render_response(self.tokenizer, self.spec.data, p.text, p.label) for p, ids in prompts]
+        width = max(len(row) for row in rows)
+        tokens = torch.full((len(rows), width), pad_token_id(self.tokenizer), dtype=torch.long)
+        for i, row in enumerate(rows):
+            tokens[i, : len(row)] = torch.tensor(row)
+        prompt_lengths = torch.tensor([len(ids) for _, ids in prompts])
+        response_lengths = torch.tensor([len(row) for row in rows]) - prompt_lengths
+        batch = RolloutBatch(
+            tokens=tokens,
+            prompt_lengths=prompt_lengths,
+            response_lengths=response_lengths,
+            engine_logprobs=torch.zeros(len(rows), width),
+            rewards=torch.zeros(len(rows)),
+            prompt_indices=torch.tensor([p.index for p, _ in prompts]),
+            prompt_epochs=torch.tensor([p.epoch for p, _ in prompts]),
+            weight_versions=torch.full((len(rows),), self.engine_version or 0),
+        )
+        lengths = response_lengths.float()
+        metrics = {
+            "rollout/response_length_mean": lengths.mean().item(),
+            "rollout/response_length_max": lengths.max().item(),
+            "rollout/time": time.monotonic() - started,
+        }
+        return batch, metrics
+
     # --- the loop ---------------------------------------------------------------
 
     def resume_point(self) -> int:
@@ -259,11 +295,15 @@ class Orchestrator:
             if skipped:
                 await self.progress.event(
                     "prompts_skipped",
-                    f"{len(skipped)} prompt(s) longer than {self.spec.prompt_limit} tokens skipped",
+                    f"{len(skipped)} prompt(s) longer than {self.spec.prompt_limit} tokens (or, for SFT, with a "
+                    f"response over {spec.max_new_tokens}) skipped",
                     rollout=rollout_id,
                     prompts=[[p.index, p.epoch] for p in skipped],
                 )
-            batch, metrics = await self.generate(rollout_id, prompts)
+            if self.spec.algorithm.kind is AlgorithmKind.SFT:
+                batch, metrics = self.supervised_batch(prompts)
+            else:
+                batch, metrics = await self.generate(rollout_id, prompts)
             metrics["rollout/weight_version"] = float(self.engine_version)
             metrics["rollout/skipped_prompts"] = float(len(skipped))
             metrics["rollout/weights_load_time"] = load_time
@@ -285,7 +325,7 @@ class Orchestrator:
             commit_time = time.monotonic() - commit_started
             # Kept beside the rollout's metrics; known only once the commit is done.
             self.commit_times[rollout_id] = commit_time
-            log.info("rollout %d committed: reward %.3f", rollout_id, metrics["rollout/reward_mean"])
+            log.info("rollout %d committed: %d samples", rollout_id, batch.size)
         for rollout_id in range(recorded, spec.num_rollouts):
             await self.record_trained(rollout_id)
         for sink in self.sinks:

@@ -2,7 +2,7 @@
 
 ``render`` turns a prompt's text into token ids: as written, or as a user
 message (after an optional system message) through the tokenizer's chat
-template. The orchestrator renders every prompt with it, and so does
+template; ``render_response`` does the same for an SFT target. The orchestrator renders every prompt with it, and so does
 ``check_data``, which `erl validate`, `erl submit` and `erl run` call so that a
 malformed data file fails with its file:line before anything starts, and
 prompts longer than the spec allows are counted up front (at run time they
@@ -16,21 +16,39 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from elastic_rl.algo.choices import AlgorithmKind
 from elastic_rl.config import DataSpec, JobSpec
 from elastic_rl.errors import SpecError
 from elastic_rl.model.tokenizer import load_tokenizer
-from elastic_rl.rollout.data import jsonl_lines
+from elastic_rl.rollout.data import MAX_REPORTED_LINES, jsonl_lines
+
+
+def _chat(data: DataSpec, text: str) -> list[dict[str, str]]:
+    system = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+    return [*system, {"role": "user", "content": text}]
 
 
 def render(tokenizer: PreTrainedTokenizerBase, data: DataSpec, text: str) -> list[int]:
     """The prompt's token ids: its text, or a user message through the chat template."""
     if not data.apply_chat_template:
         return tokenizer(text)["input_ids"]
-    system = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
-    chat = tokenizer.apply_chat_template(
-        [*system, {"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-    )
+    chat = tokenizer.apply_chat_template(_chat(data, text), add_generation_prompt=True, tokenize=False)
     return tokenizer(chat, add_special_tokens=False)["input_ids"]
+
+
+def render_response(tokenizer: PreTrainedTokenizerBase, data: DataSpec, prompt: str, response: str) -> list[int]:
+    """An SFT target's token ids, to follow ``render(prompt)``: the text and end-of-sequence, or the
+    assistant's turn through the chat template, up to and including the template's end of turn."""
+    if not data.apply_chat_template:
+        return tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    asked = tokenizer.apply_chat_template(_chat(data, prompt), add_generation_prompt=True, tokenize=False)
+    answered = tokenizer.apply_chat_template(
+        [*_chat(data, prompt), {"role": "assistant", "content": response}], tokenize=False
+    )
+    if not answered.startswith(asked):
+        raise SpecError([f"the chat template's assistant turn does not extend its prompt: {answered!r}"])
+    # The assistant's part alone, so that no token straddles the prompt and the response.
+    return tokenizer(answered[len(asked) :], add_special_tokens=False)["input_ids"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,11 @@ def check_data(spec: JobSpec) -> DataReport | None:
     if data.path is None:
         return None
     records = jsonl_lines(data.path, data.prompt_key, data.label_key)
+    if spec.algorithm.kind is AlgorithmKind.SFT:
+        unlabelled = [f"{data.path}:{line}" for line, _, label in records if not label]
+        if unlabelled:
+            raise SpecError([f"{where}: no response in {data.label_key!r} (data.label_key), which SFT trains on"
+                             for where in unlabelled[:MAX_REPORTED_LINES]])  # fmt: skip
     tokenizer = load_tokenizer(spec.model)
     limit = spec.prompt_limit
     too_long = [line for line, text, _ in records if len(render(tokenizer, data, text)) > limit]

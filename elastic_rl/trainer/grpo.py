@@ -12,75 +12,29 @@ every replica sees the same step and reaches the same NaN/Inf response
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from megatron.core import parallel_state
 
 from elastic_rl.algo.advantages import token_advantages
+from elastic_rl.algo.choices import AlgorithmKind
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
 from elastic_rl.config import JobSpec
-from elastic_rl.model.gpt import forward_gpt
-from elastic_rl.model.vocab_parallel import entropy, token_log_probs
+from elastic_rl.model.sequence_log_probs import sequence_log_probs
 from elastic_rl.rollout.batch import RolloutBatch
+from elastic_rl.trainer.grad_norm import grad_norm
 from elastic_rl.trainer.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere
 
 
-def lr_lambda(spec: JobSpec, total_steps: int):
-    """The learning-rate multiplier at each optimizer step: warmup, then the spec's decay."""
-    trainer = spec.trainer
-    floor = trainer.min_lr / trainer.lr
-
-    def multiplier(step: int) -> float:
-        if trainer.warmup_steps and step < trainer.warmup_steps:
-            return (step + 1) / trainer.warmup_steps
-        if trainer.lr_decay == "constant":
-            return 1.0
-        progress = min(1.0, (step - trainer.warmup_steps) / max(1, total_steps - trainer.warmup_steps))
-        if trainer.lr_decay == "linear":
-            return floor + (1 - floor) * (1 - progress)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return multiplier
-
-
-def sequence_log_probs(
-    model: torch.nn.Module, tokens: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p, entropy) of each token given its prefix, aligned to ``tokens`` (position 0 is 0)."""
-    logits = forward_gpt(model, tokens[:, :-1])
-    if temperature > 0:
-        logits = logits / temperature
-    logp = token_log_probs(logits, tokens[:, 1:])
-    ent = entropy(logits)
-    pad = torch.zeros(tokens.shape[0], 1)
-    return torch.cat([pad, logp], dim=1), torch.cat([pad, ent], dim=1)
-
-
-def grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
-    """The global gradient norm: tensor-parallel shards summed across ranks, replicated ones once."""
-    sharded = torch.zeros(())
-    replicated = torch.zeros(())
-    for param in parameters:
-        if param.grad is None:
-            continue
-        squares = param.grad.detach().float().pow(2).sum()
-        if getattr(param, "tensor_model_parallel", False):
-            sharded += squares
-        else:
-            replicated += squares
-    torch.distributed.all_reduce(sharded, group=parallel_state.get_tensor_model_parallel_group())
-    return (sharded + replicated).sqrt()
-
-
 # Sums over the step's samples, all-reduced across replicas; samples_per_step proves the global batch was whole.
 METRIC_NAMES = ("loss", "pg_loss", "ppo_kl", "entropy", "clipfrac", "kl", "samples_per_step")
+# Meaningless for SFT, which has no old policy, clipping or reference; its loss is the NLL.
+POLICY_GRADIENT_ONLY = ("pg_loss", "ppo_kl", "first_step_ppo_kl", "clipfrac", "kl")
 
 
 class NonFiniteStep(RuntimeError):
@@ -110,8 +64,8 @@ class RolloutContext:
     old_logp: torch.Tensor
     """The policy's log probs before the rollout's first step: PPO's "old" policy."""
     ref_logp: torch.Tensor | None
-    logprob_gap: float
-    """Largest |trainer - engine| log prob over the response tokens."""
+    logprob_gap: float | None
+    """Largest |trainer - engine| log prob over the response tokens; None for SFT."""
     ref_gap: float | None
     """Largest |reference - policy| log prob over the response tokens; 0 on rollout 0."""
     metrics: StepMetrics = field(default_factory=StepMetrics)
@@ -178,8 +132,21 @@ class GrpoTrainer:
 
     def prepare(self, rollout_id: int, batch: RolloutBatch, healed: dict[str, Any] | None = None) -> RolloutContext:
         """The rollout's shared state, from the current weights, or from a peer mid-rollout."""
-        algorithm = self.spec.algorithm
         mask = batch.response_mask()
+        if self.spec.algorithm.kind is AlgorithmKind.SFT:
+            # The data's NLL needs no old policy, engine log probs or advantages.
+            zeros = torch.zeros(batch.tokens.shape)
+            context = RolloutContext(rollout_id, batch, mask, zeros, zeros, None, None, None)
+        else:
+            context = self._policy_gradient_context(rollout_id, batch, mask, healed)
+        if healed is not None:
+            context.metrics.values = {name: list(values) for name, values in healed["metrics"].items()}
+        return context
+
+    def _policy_gradient_context(
+        self, rollout_id: int, batch: RolloutBatch, mask: torch.Tensor, healed: dict[str, Any] | None
+    ) -> RolloutContext:
+        algorithm = self.spec.algorithm
         ref_logp = self._log_probs(self.reference, batch) if self.reference is not None else None
         if healed is not None:
             old_logp, gap = healed["old_logp"], healed["logprob_gap"]
@@ -193,10 +160,7 @@ class GrpoTrainer:
             algorithm.advantage_estimator, batch.rewards, mask, self.spec.rollout.n_samples_per_prompt,
             algorithm.normalize_advantages_by_std, token_kl, algorithm.kl_coef,
         )  # fmt: skip
-        context = RolloutContext(rollout_id, batch, mask, advantages, old_logp, ref_logp, gap, ref_gap)
-        if healed is not None:
-            context.metrics.values = {name: list(values) for name, values in healed["metrics"].items()}
-        return context
+        return RolloutContext(rollout_id, batch, mask, advantages, old_logp, ref_logp, gap, ref_gap)
 
     def _shard_loss(
         self, ctx: RolloutContext, rows: torch.Tensor, global_tokens: int, global_samples: int, backward: bool
@@ -311,8 +275,12 @@ class GrpoTrainer:
         return replace(health, finite_elsewhere=frozenset(r for r in range(replicas) if elsewhere[r] > 0))
 
     def rollout_metrics(self, ctx: RolloutContext) -> dict[str, float]:
-        result = {f"train/{name}": value for name, value in ctx.metrics.means().items()}
-        result["train/logprob_abs_diff_max"] = ctx.logprob_gap
+        means = ctx.metrics.means()
+        if self.spec.algorithm.kind is AlgorithmKind.SFT:
+            means = {name: value for name, value in means.items() if name not in POLICY_GRADIENT_ONLY}
+        result = {f"train/{name}": value for name, value in means.items()}
+        if ctx.logprob_gap is not None:
+            result["train/logprob_abs_diff_max"] = ctx.logprob_gap
         if ctx.ref_gap is not None:
             result["train/ref_logprob_abs_diff_max"] = ctx.ref_gap
         # The snapshot gate's cost is the rollout's total, not a per-step mean.

@@ -99,6 +99,15 @@ def test_tis_multiplies_the_policy_loss_by_its_weight_and_nothing_else():
     assert torch.allclose(with_tis.loss, expected_plain * torch.tensor([[1.5, math.exp(-1.0)]]))
 
 
+def test_sft_loss_is_the_negative_log_likelihood_whatever_the_rl_inputs():
+    logp = torch.tensor([[-0.5, -2.0]])
+    args = dict(entropy=torch.ones(1, 2), old_logp=torch.zeros(1, 2), engine_logp=torch.zeros(1, 2),
+                ref_logp=None, advantages=torch.tensor([[3.0, -3.0]]), mask=torch.ones(1, 2))  # fmt: skip
+    terms = token_losses(AlgorithmSpec(kind="sft", entropy_coef=0.5, tis_cap=1.5), logp, **args)
+    assert torch.equal(terms.loss, torch.tensor([[0.5, 2.0]])) and terms.kl is None
+    assert not terms.clipped.any()
+
+
 def test_the_three_aggregations():
     values = torch.tensor([[1.0, 2.0, 7.0], [3.0, 7.0, 7.0]])
     # token mean: (1 + 2 + 3) / 3; sequence means of token means: (1.5 + 3) / 2; of token sums: (3 + 3) / 2.

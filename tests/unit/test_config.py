@@ -158,6 +158,13 @@ def test_a_metrics_writer_that_is_not_installed_is_named(monkeypatch):
     assert validate_spec({"name": "j", "metrics": {"tensorboard": True}}).metrics.tensorboard
 
 
+def test_sft_takes_each_pair_once_and_no_reference():
+    with pytest.raises(SpecError, match="n_samples_per_prompt to 1"):
+        validate_spec({"name": "j", "algorithm": {"kind": "sft"}})
+    with pytest.raises(SpecError, match="SFT has no reference"):
+        validate_spec({"name": "j", "algorithm": {"kind": "sft", "kl_coef": 0.1}})
+
+
 def test_reward_must_be_builtin_or_module_function():
     with pytest.raises(SpecError, match="unknown reward"):
         validate_spec({"name": "j", "rollout": {"reward": "nonsense"}})

@@ -1,0 +1,25 @@
+"""The policy's log prob and entropy of every token of whole sequences, given each token's prefix.
+
+What the trainer scores a rollout with: the old policy before a rollout's first
+step, the reference, and the policy under training at every step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from elastic_rl.model.gpt import forward_gpt
+from elastic_rl.model.vocab_parallel import entropy, token_log_probs
+
+
+def sequence_log_probs(
+    model: torch.nn.Module, tokens: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p, entropy) of each token given its prefix, aligned to ``tokens`` (position 0 is 0)."""
+    logits = forward_gpt(model, tokens[:, :-1])
+    if temperature > 0:
+        logits = logits / temperature
+    logp = token_log_probs(logits, tokens[:, 1:])
+    ent = entropy(logits)
+    pad = torch.zeros(tokens.shape[0], 1)
+    return torch.cat([pad, logp], dim=1), torch.cat([pad, ent], dim=1)

@@ -1,0 +1,22 @@
+"""The global gradient norm of a tensor-parallel model: what the trainer clips by and checks for NaN/Inf."""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state
+
+
+def grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
+    """The global gradient norm: tensor-parallel shards summed across ranks, replicated ones once."""
+    sharded = torch.zeros(())
+    replicated = torch.zeros(())
+    for param in parameters:
+        if param.grad is None:
+            continue
+        squares = param.grad.detach().float().pow(2).sum()
+        if getattr(param, "tensor_model_parallel", False):
+            sharded += squares
+        else:
+            replicated += squares
+    torch.distributed.all_reduce(sharded, group=parallel_state.get_tensor_model_parallel_group())
+    return (sharded + replicated).sqrt()

@@ -1,0 +1,30 @@
+"""The learning-rate schedule: the multiplier of ``trainer.lr`` at each optimizer step.
+
+Given to ``LambdaLR``; snapshots and heals carry the scheduler's position, so a
+resumed or healed replica continues the same schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from elastic_rl.config import JobSpec
+
+
+def lr_lambda(spec: JobSpec, total_steps: int) -> Callable[[int], float]:
+    """The learning-rate multiplier at each optimizer step: warmup, then the spec's decay."""
+    trainer = spec.trainer
+    floor = trainer.min_lr / trainer.lr
+
+    def multiplier(step: int) -> float:
+        if trainer.warmup_steps and step < trainer.warmup_steps:
+            return (step + 1) / trainer.warmup_steps
+        if trainer.lr_decay == "constant":
+            return 1.0
+        progress = min(1.0, (step - trainer.warmup_steps) / max(1, total_steps - trainer.warmup_steps))
+        if trainer.lr_decay == "linear":
+            return floor + (1 - floor) * (1 - progress)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return multiplier

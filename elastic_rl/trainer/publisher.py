@@ -1,0 +1,70 @@
+"""Hands a trained rollout to the engines: HF weights for version rollout + 1, and the rollout's metrics.
+
+The step's participant 0 publishes. Every replica gathers the weights, as they
+all hold the same ones, so that if the publisher died between its commit and
+its export, another replica's rank 0 writes the missing version while it waits
+for the next rollout (no collective is needed there).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import orjson
+import torch
+
+from checkpoints.retention import prune_weights
+from elastic_rl import jobenv
+from elastic_rl.atomic import write_file_atomic
+from elastic_rl.config import JobSpec
+from elastic_rl.model.megatron_state import full_state_dict
+from elastic_rl.model.source import ModelSource
+
+log = logging.getLogger("elastic_rl.trainer")
+
+
+class RolloutPublisher:
+    def __init__(self, spec: JobSpec, workdir: Path, model: torch.nn.Module, source: ModelSource):
+        self.spec, self.workdir, self.model, self.source = spec, workdir, model, source
+        self.rank0 = torch.distributed.get_rank() == 0
+        self.pending: tuple[int, dict, dict] | None = None
+        self.pending_since = 0.0
+        self.takeover_after_s = 2 * spec.fault_tolerance.heartbeat_timeout_ms / 1000 + 1.0
+
+    def publish(self, rollout_id: int, metrics: dict, exporter: bool) -> None:
+        # Every TP rank takes part in gathering the weights; rank 0 writes.
+        weights = full_state_dict(self.model)
+        if not self.rank0:
+            return
+        if exporter:
+            self._write(rollout_id, weights, metrics)
+        else:
+            self.pending, self.pending_since = (rollout_id, weights, metrics), time.monotonic()
+
+    def take_over_if_missing(self) -> None:
+        """Called while waiting for the next rollout: publish what the leader did not."""
+        if self.pending is None or time.monotonic() - self.pending_since < self.takeover_after_s:
+            return
+        rollout_id, weights, metrics = self.pending
+        self.pending = None
+        if not jobenv.weights_dir(self.workdir, rollout_id + 1).exists():
+            log.warning("weights %d were not published by the leader; publishing them", rollout_id + 1)
+            self._write(rollout_id, weights, metrics)
+
+    def _write(self, rollout_id: int, weights: dict, metrics: dict) -> None:
+        version = rollout_id + 1
+        target = jobenv.weights_dir(self.workdir, version)
+        # A replayed rollout reproduces weights exported before: kept, or pruned as no longer needed.
+        if not target.exists() and version > (jobenv.latest_weights_version(self.workdir) or 0):
+            started = time.monotonic()
+            try:
+                self.source.export(target, weights)
+            except OSError:
+                if not target.exists():
+                    raise  # not another replica's export of the same version: a real failure
+            metrics = {**metrics, "train/export_time": time.monotonic() - started}
+        write_file_atomic(jobenv.train_metrics_path(self.workdir, rollout_id), orjson.dumps(metrics))
+        prune_weights(self.workdir, self.spec.checkpoints.keep_weights, self.spec.engines.startup_timeout_s)
+        log.info("rollout %d trained: weights version %d %s", rollout_id, version, metrics)

@@ -1,0 +1,377 @@
+"""One tensor-parallel rank of one trainer replica, stepping through the training protocol by name.
+
+It builds the Megatron model and joins the job's torchft quorum through a
+Manager (even with one replica). Its position in the run is the Manager's
+step: rollout = step // steps_per_rollout. For each step it waits for the
+orchestrator to commit that rollout, starts a quorum (a replica that is
+behind heals from a peer here, taking its weights, optimizer, schedule and
+the rollout in hand), and trains the step. After a rollout's last step the
+step's participant 0 exports ``weights/<rollout + 1>`` for the engines with the
+metrics beside them (``trainer.publisher``), and every
+``checkpoints.interval_rollouts`` a snapshot.
+
+Resume needs no flag: on start it restores the newest valid snapshot (an
+invalid one is skipped with an event) and replays the committed rollouts
+after it, which are still in the log; with no snapshot it replays from the
+initial weights, which the seed determines. A replica that joins running
+peers skips the replay: the quorum heals it.
+
+The NaN/Inf guard's responses that outlive a step end the process with an
+exit code erld acts on: ``EXIT_ROLLBACK`` (the rollout batch is quarantined
+and every replica restarts from the newest snapshot) and
+``EXIT_DEVICE_QUARANTINED`` (this replica's device is set aside).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+import torch
+from torchft import Manager, ProcessGroupGloo
+
+from checkpoints.discovery import SnapshotInfo, newest_valid_snapshot
+from checkpoints.retention import apply_retention
+from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
+from elastic_rl import jobenv
+from elastic_rl.atomic import write_file_atomic
+from elastic_rl.events import emit_event
+from elastic_rl.fencing import Assignment
+from elastic_rl.model.gpt import init_model_parallel
+from elastic_rl.model.source import ModelSource
+from elastic_rl.net import LOOPBACK
+from elastic_rl.rollout.batch import read_rollout
+from elastic_rl.trainer.grpo import GrpoTrainer, RolloutContext, StepOutcome
+from elastic_rl.trainer.heal_transport import LoopbackTransport
+from elastic_rl.trainer.lr_schedule import lr_lambda
+from elastic_rl.trainer.nan_injection import install_from_environment
+from elastic_rl.trainer.publisher import RolloutPublisher
+from policies.exits import EXIT_DEVICE_QUARANTINED, EXIT_ROLLBACK
+from policies.nan_guard import Response
+
+log = logging.getLogger("elastic_rl.trainer")
+
+POLL_INTERVAL_S = 0.05
+SPARE_POLL_INTERVAL_S = 0.01
+
+
+class StopRequest:
+    """Set by SIGTERM (`erl stop`): finish the rollout in hand, snapshot, exit."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum, frame) -> None:
+        self.requested = True
+
+
+class TrainerReplica:
+    """This process's rank of its replica: the model, its optimizer, and where it stands in the run."""
+
+    def __init__(self, env: jobenv.JobEnv, stop: StopRequest, imports_done: float):
+        self.spec, self.workdir, self.job = env.spec, env.workdir, env.job
+        self.stop_request = stop
+        self.imports_done = imports_done  # wall-clock time: a resume's first cost ends here
+        spec = self.spec
+        self.device = os.environ.get(jobenv.DEVICE)
+        torch.use_deterministic_algorithms(True)
+        torch.set_num_threads(spec.trainer.cpu_threads)
+
+        init_model_parallel(spec.trainer.tensor_parallel, spec.seed)
+        self.rank = torch.distributed.get_rank()
+        self.source = ModelSource.from_spec(spec.model)
+        self.model = self.source.build_policy()
+        self.reference = None
+        if spec.algorithm.kl_coef > 0:
+            # Taken before any snapshot or heal: a restarted replica builds the same reference.
+            self.reference = self.source.build_reference(self.model, spec.algorithm.reference)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=spec.trainer.lr,
+            betas=(spec.trainer.adam_beta1, spec.trainer.adam_beta2),
+            weight_decay=spec.trainer.weight_decay,
+        )
+        self.steps_per_rollout = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
+        self.total_steps = spec.rollout.num_rollouts * self.steps_per_rollout
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(spec, self.total_steps))
+        self.state = TrainingState(self.model, self.optimizer, self.scheduler)
+        self.spec_hash = jobenv.spec_hash(spec)
+
+        self.assignment = Assignment.from_environ()
+        self.spare = os.environ.get(jobenv.SPARE)
+        self.replica = int(os.environ.get(jobenv.REPLICA, "0"))
+        self.assigned_at: float | None = None  # when a warm spare was given its place
+
+        # Where this rank stands; set as the run goes.
+        self.context: RolloutContext | None = None
+        self.healed: dict[str, Any] = {}
+        self.snapshot: SnapshotInfo | None = None  # to load at the first quorum, unless a peer heals us
+        self.first_rollout = 0
+        self.leader = False
+        self.participants = 0
+        self.trained_any = False
+
+    @property
+    def proc(self) -> str:
+        return f"trainer-{self.replica}-{self.rank}"
+
+    # --- joining ---------------------------------------------------------------
+
+    def take_place(self) -> bool:
+        """A warm spare waits, imports done and model built, until erld gives it a replica's place.
+
+        False if a stop came first. A replica started as itself has its place already.
+        """
+        if self.spare is None:
+            return True
+        spare = f"spare-{self.spare}-{self.assignment.generation}"
+        path = jobenv.spare_assignment_path(self.workdir, spare)
+        log.info("warm spare %s ready", spare)
+        while not path.is_file():
+            if self.stop_request.requested:
+                return False
+            time.sleep(SPARE_POLL_INTERVAL_S)
+        given = orjson.loads(path.read_bytes())
+        self.replica = int(given["replica"])
+        self.assigned_at = time.monotonic()
+        self.assignment.take_over(self.proc, int(given["generation"]))
+        return True
+
+    def join(self) -> None:
+        """Connect to the quorum, then find where to resume."""
+        spec, ft = self.spec, self.spec.fault_tolerance
+        collective_timeout = timedelta(seconds=ft.collective_timeout_s)
+        host = os.environ.get(jobenv.ADVERTISE_HOST, LOOPBACK)  # what peers reach this replica at
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=collective_timeout),
+            min_replica_size=1,
+            load_state_dict=self.heal,
+            state_dict=self.heal_state,
+            replica_id=f"{self.job}-replica{self.replica}",
+            lighthouse_addr=os.environ[jobenv.LIGHTHOUSE_URL],
+            hostname=host,
+            rank=self.rank,
+            world_size=spec.trainer.tensor_parallel,
+            use_async_quorum=False,
+            # Every replica starts from the same seeded weights or the same snapshot.
+            init_sync=False,
+            checkpoint_transport=LoopbackTransport(collective_timeout, host),
+            timeout=collective_timeout,
+            quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
+            connect_timeout=collective_timeout,
+        )
+        self.setup_s = time.time() - self.imports_done  # model, optimizer, process groups, manager
+        self.snapshots = SnapshotWriter(
+            self.workdir, spec.checkpoints.async_save, on_committed=self._retain, on_failed=self._save_failed
+        )
+        self.trainer = GrpoTrainer(
+            spec, self.model, self.optimizer, self.scheduler, self.manager, self.replica, self.reference,
+            self.snapshots.wait_staged,
+        )  # fmt: skip
+        install_from_environment(self.trainer, self.replica)  # the chaos harness's NaN fault, if it set one
+        self.publisher = RolloutPublisher(spec, self.workdir, self.model, self.source)
+        self.leader = self.replica == 0  # until a quorum names participant 0
+        self.resume()
+        if self.rank == 0:
+            imports = self.imports_done - psutil.Process().create_time()
+            emit_event("trainer_ready", f"imports {imports:.2f}s, setup {self.setup_s:.2f}s; asks for a quorum next",
+                       self.proc, device=self.device, imports_s=imports, setup_s=self.setup_s)  # fmt: skip
+
+    def resume(self) -> None:
+        """Take the newest snapshot's position. Its tensors are loaded at the first quorum, unless
+        that quorum heals this replica from a peer that is further on."""
+
+        def skipped(path: Path, why: str) -> None:
+            log.warning("skipping snapshot %s: %s", path, why)
+            emit_event("snapshot_skipped", f"{path.name}: {why}; resuming from an older one", self.proc)
+
+        self.snapshot = newest_valid_snapshot(self.workdir, on_invalid=skipped)
+        self.first_rollout = self.snapshot.last_rollout + 1 if self.snapshot is not None else 0
+        self.manager.load_state_dict({"step": self.first_rollout * self.steps_per_rollout, "batches_committed": 0})
+        # The rollouts already committed now are a replay.
+        self.replay_end = max(jobenv.committed_rollouts(self.workdir), default=-1)
+        self.replay_started = time.monotonic()
+        self.load_s = 0.0
+
+    # --- the quorum's callbacks: what a healing peer takes, and taking it --------
+
+    def heal_state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optim": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rollout": self.context.heal_state() if self.context is not None else None,
+        }
+
+    def heal(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.healed.update(rollout=state["rollout"])
+
+    # --- the loop --------------------------------------------------------------
+
+    def run(self) -> None:
+        while (position := self.manager.current_step()) < self.total_steps:
+            rollout_id, index = divmod(position, self.steps_per_rollout)
+            if index == 0 and rollout_id in jobenv.quarantined_rollouts(self.workdir):
+                self.skip_quarantined(rollout_id, position)
+                continue
+            if index == 0 and (self.stop_request.requested or not self.wait_for_rollout(rollout_id)):
+                self.stop(rollout_id)
+                break
+            position, peer_rollout = self.start_quorum(position)
+            rollout_id, index = divmod(position, self.steps_per_rollout)
+            if not self.train_step(rollout_id, index, position, peer_rollout):
+                continue
+            if index == self.steps_per_rollout - 1:
+                self.publish(rollout_id)
+        self.snapshots.wait()
+        self.manager.shutdown(wait=False)
+
+    def wait_for_rollout(self, rollout_id: int) -> bool:
+        """Wait until rollout ``rollout_id`` is committed; False if a stop came first."""
+        folder = jobenv.rollout_dir(self.workdir, rollout_id)
+        while not folder.is_dir():
+            if self.stop_request.requested:
+                return False
+            self.publisher.take_over_if_missing()
+            time.sleep(POLL_INTERVAL_S)
+        return True
+
+    def skip_quarantined(self, rollout_id: int, position: int) -> None:
+        """A rollout set aside by the NaN guard: no training; the weights carry over to the next version."""
+        for _ in range(self.steps_per_rollout):
+            self.scheduler.step()
+        self.manager.load_state_dict({"step": position + self.steps_per_rollout, "batches_committed": 0})
+        self.assignment.exit_if_superseded_blocking()
+        self.publisher.publish(rollout_id, {"train/quarantined": 1.0}, exporter=self.leader)
+
+    def start_quorum(self, position: int) -> tuple[int, dict[str, Any] | None]:
+        """Join the step's quorum: heal from a peer if behind, else load the resume snapshot if one waits.
+
+        Returns the position to train (a heal moves it to the peer's) and the peer's rollout
+        state when the heal landed mid-rollout.
+        """
+        self.healed.clear()
+        self.manager.start_quorum()
+        if self.healed:
+            # Behind the quorum: this replica took a peer's state, and with it the peer's position.
+            self.snapshot, self.context = None, None
+            position = self.manager.current_step()
+            rollout_id = position // self.steps_per_rollout
+            log.info("healed from a peer at step %d (rollout %d)", position, rollout_id)
+            joined = {}
+            if self.assigned_at is not None and not self.trained_any:
+                joined["since_assignment_s"] = time.monotonic() - self.assigned_at  # a warm spare's join
+            emit_event("replica_healed", f"took a peer's state at step {position}", self.proc, device=self.device,
+                       step=position, **joined)  # fmt: skip
+            # A peer at a rollout's first step may still hold the previous rollout's context:
+            # the healed weights are the ones to compute it from.
+            peer = self.healed["rollout"]
+            return position, peer if peer and peer["rollout_id"] == rollout_id else None
+        if self.snapshot is not None:
+            load_started = time.monotonic()
+            step, last_rollout = load_snapshot(self.state, self.snapshot.path)
+            self.load_s = time.monotonic() - load_started
+            self.snapshot = None
+            log.info("resumed from snapshot: step %d, last rollout %d", step, last_rollout)
+            emit_event("trainer_resumed", f"from snapshot {step}, replaying after rollout {last_rollout}", self.proc,
+                       device=self.device, step=step)  # fmt: skip
+        return position, None
+
+    def train_step(self, rollout_id: int, index: int, position: int, peer_rollout: dict[str, Any] | None) -> bool:
+        """Train step ``index`` of the rollout; whether the quorum committed it."""
+        if self.context is None or self.context.rollout_id != rollout_id:
+            batch = read_rollout(self.workdir, rollout_id)[0]
+            self.context = self.trainer.prepare(rollout_id, batch, peer_rollout)
+        if self.manager.num_participants() != self.participants:
+            self.participants = self.manager.num_participants()
+            if self.manager.participating_rank() == 0 and self.rank == 0:
+                emit_event("quorum_changed", f"{self.participants} replica(s) train from step {position}", self.proc,
+                           device=self.device, step=position, participants=self.participants)  # fmt: skip
+        outcome = self.trainer.step(self.context, index)
+        self.respond_to_nan(outcome, position, rollout_id)
+        if outcome.committed:
+            self.trained_any = True
+            self.leader = outcome.leader
+        return outcome.committed
+
+    def publish(self, rollout_id: int) -> None:
+        """After a rollout's last step: snapshot when due, then the weights and metrics for the engines."""
+        metrics = self.trainer.rollout_metrics(self.context)
+        # Nothing is committed by a replica whose assignment a newer instance holds.
+        self.assignment.exit_if_superseded_blocking()
+        # Replica leader snapshots for the job; the others hold the same state.
+        if self.leader and (rollout_id + 1) % self.spec.checkpoints.interval_rollouts == 0:
+            metrics.update(self.save_snapshot(rollout_id))
+        self.publisher.publish(rollout_id, metrics, exporter=self.leader)
+        if rollout_id == self.replay_end and self.first_rollout > 0:
+            self.report_caught_up(rollout_id)
+
+    def save_snapshot(self, rollout_id: int) -> dict[str, float]:
+        """Start the snapshot of the state after ``rollout_id``; what it cost the loop."""
+        stall_started = time.monotonic()
+        self.snapshots.save(self.state, self.scheduler.last_epoch, rollout_id, self.spec_hash)
+        return {
+            "train/snapshot_call_time": time.monotonic() - stall_started,
+            "train/snapshot_wait_previous_time": self.snapshots.last_wait_s,
+        }
+
+    def report_caught_up(self, rollout_id: int) -> None:
+        """A resumed replica has replayed what was committed before it started: the resume's cost, in parts."""
+        if self.rank != 0:
+            return
+        costs = {
+            "imports_s": self.imports_done - psutil.Process().create_time(),
+            "setup_s": self.setup_s,
+            "load_s": self.load_s,
+            "replay_s": time.monotonic() - self.replay_started,
+        }
+        emit_event("trainer_caught_up", f"replayed rollouts {self.first_rollout}..{rollout_id}", self.proc,
+                   device=self.device, rollouts=rollout_id - self.first_rollout + 1, **costs)  # fmt: skip
+
+    def stop(self, rollout_id: int) -> None:
+        """`erl stop`: the final snapshot, of the state after the last rollout applied."""
+        if self.leader and self.trained_any:
+            self.assignment.exit_if_superseded_blocking()
+            self.snapshots.save(self.state, self.scheduler.last_epoch, rollout_id - 1, self.spec_hash)
+
+    # --- what outlives a step --------------------------------------------------
+
+    def respond_to_nan(self, outcome: StepOutcome, step: int, rollout_id: int) -> None:
+        """Record the NaN guard's decision; end the process where the response needs a restart."""
+        decision = outcome.decision
+        where = {"device": self.device, "step": step, "rollout": rollout_id}
+        if decision.response is Response.SKIP and outcome.leader and self.rank == 0:
+            emit_event("nan_step_skipped", f"{decision.reason}; step {step} redone", self.proc, **where)
+        elif decision.response is Response.ROLLBACK:
+            write_file_atomic(
+                jobenv.quarantine_path(self.workdir, rollout_id),
+                orjson.dumps({"rollout_id": rollout_id, "step": step, "reason": decision.reason}),
+            )
+            if outcome.leader and self.rank == 0:
+                emit_event("rollout_quarantined", f"{decision.reason}; rolling back to the newest snapshot",
+                           self.proc, **where)  # fmt: skip
+            sys.exit(EXIT_ROLLBACK)
+        elif decision.response is Response.QUARANTINE_DEVICE and self.replica in decision.replicas:
+            emit_event("device_quarantined", decision.reason, self.proc, **where)
+            sys.exit(EXIT_DEVICE_QUARANTINED)
+
+    def _retain(self, step: int, path: Path) -> None:
+        log.info("snapshot %d committed: %s", step, path)
+        apply_retention(self.workdir, self.spec.checkpoints.keep_last, self.spec.checkpoints.keep_every)
+
+    def _save_failed(self, step: int, error: BaseException) -> None:
+        log.error("snapshot %d failed: %r", step, error)
+        emit_event("snapshot_failed", f"snapshot {step} not saved ({error}); the next one tries again", self.proc,
+                   step=step)  # fmt: skip
