@@ -310,7 +310,8 @@ class AlgorithmSpec(Component):
 
     kind: AlgorithmKind = AlgorithmKind.RL
     """`rl`, or `sft`: train on the data's (prompt, response) pairs (the response from
-    `data.label_key`), the loss on the response's tokens only; the RL fields below are unused."""
+    `data.label_key`), the loss on the response's tokens only, aggregated by loss_aggregation;
+    the estimator, clipping, TIS, KL and entropy fields are unused."""
     advantage_estimator: AdvantageEstimator = AdvantageEstimator.GRPO
     """`grpo`, `gspo` (GRPO's advantages, a sequence-level ratio clipped per sequence),
     `reinforce_plus_plus` (returns whitened over the rollout batch) or
