@@ -91,3 +91,16 @@ def test_bad_jsonl_line_is_named(tmp_path):
     path.write_text('{"prompt": "a"}\nnot json\n')
     with pytest.raises(SpecError, match=":2:"):
         DataSource(DataSpec(path=path), seed=0)
+
+
+def test_sft_data_without_a_response_is_named_before_the_run(tmp_path):
+    from elastic_rl.config import validate_spec
+    from elastic_rl.rollout.prompts import check_data
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "a=", "label": "a"}\n{"prompt": "b="}\n')
+    sft = {"algorithm": {"kind": "sft"}, "rollout": {"n_samples_per_prompt": 1}, "trainer": {"global_batch_size": 16}}
+    spec = validate_spec({"name": "j", "data": {"path": str(path)}, **sft})
+    with pytest.raises(SpecError, match=r"pairs.jsonl:2: no response in 'label'"):
+        check_data(spec)
+    assert check_data(validate_spec({"name": "j", "data": {"path": str(path)}})).prompts == 2  # RL needs no label
