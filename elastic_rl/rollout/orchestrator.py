@@ -119,31 +119,31 @@ class Orchestrator:
 
     # --- generation -------------------------------------------------------------
 
-    def draw(self) -> tuple[list[tuple[Prompt, list[int]]], list[Prompt]]:
-        """The rollout's prompts with their ids, and the over-long ones skipped on the way.
+    def draw(self) -> tuple[list[tuple[Prompt, list[int], list[int]]], list[Prompt]]:
+        """The rollout's prompts with their ids and, for SFT, their responses' ids (else empty);
+        and the over-long ones skipped on the way.
 
         A skipped prompt counts as drawn (it is never drawn again); the next prompt takes its place.
+        For SFT a response longer than rollout.max_new_tokens is skipped like an over-long prompt.
         """
-        wanted, limit = self.spec.rollout.prompts_per_rollout, self.spec.prompt_limit
-        kept: list[tuple[Prompt, list[int]]] = []
+        rollout, limit = self.spec.rollout, self.spec.prompt_limit
+        wanted = rollout.prompts_per_rollout
+        supervised = self.spec.algorithm.kind is AlgorithmKind.SFT
+        kept: list[tuple[Prompt, list[int], list[int]]] = []
         skipped: list[Prompt] = []
         while len(kept) < wanted:
             if len(skipped) >= len(self.data.records):
                 raise ElasticRLError(f"no prompt of the data fits rollout.max_prompt_len ({limit} tokens)")
             for prompt in self.data.draw(wanted - len(kept)):
                 ids = render(self.tokenizer, self.spec.data, prompt.text)
-                if len(ids) > limit or self._response_too_long(prompt):
+                response = []
+                if supervised:
+                    response = render_response(self.tokenizer, self.spec.data, prompt.text, prompt.label)
+                if len(ids) > limit or len(response) > rollout.max_new_tokens:
                     skipped.append(prompt)
                 else:
-                    kept.append((prompt, ids))
+                    kept.append((prompt, ids, response))
         return kept, skipped
-
-    def _response_too_long(self, prompt: Prompt) -> bool:
-        """SFT: a target longer than rollout.max_new_tokens is skipped like an over-long prompt."""
-        if self.spec.algorithm.kind is not AlgorithmKind.SFT:
-            return False
-        response = render_response(self.tokenizer, self.spec.data, prompt.text, prompt.label)
-        return len(response) > self.spec.rollout.max_new_tokens
 
     def sampling_params(self, rollout_id: int, index: int) -> dict[str, Any]:
         spec = self.spec.rollout
@@ -162,12 +162,12 @@ class Orchestrator:
         return params
 
     async def generate(
-        self, rollout_id: int, prompts: list[tuple[Prompt, list[int]]]
+        self, rollout_id: int, prompts: list[tuple[Prompt, list[int], list[int]]]
     ) -> tuple[RolloutBatch, dict[str, float]]:
         spec = self.spec.rollout
         started = time.monotonic()
         requests = []
-        for prompt_number, (prompt, prompt_ids) in enumerate(prompts):
+        for prompt_number, (prompt, prompt_ids, _) in enumerate(prompts):
             for sample in range(spec.n_samples_per_prompt):
                 params = self.sampling_params(rollout_id, prompt_number * spec.n_samples_per_prompt + sample)
                 requests.append((prompt, prompt_ids, params))
@@ -213,15 +213,17 @@ class Orchestrator:
             weight_versions=torch.tensor(versions),
         )
 
-    def supervised_batch(self, prompts: list[tuple[Prompt, list[int]]]) -> tuple[RolloutBatch, dict[str, float]]:
+    def supervised_batch(
+        self, prompts: list[tuple[Prompt, list[int], list[int]]]
+    ) -> tuple[RolloutBatch, dict[str, float]]:
         """SFT: each prompt followed by its label as the response; nothing is generated or scored."""
         started = time.monotonic()
-        rows = [ids + render_response(self.tokenizer, self.spec.data, p.text, p.label) for p, ids in prompts]
+        rows = [ids + response for _, ids, response in prompts]
         width = max(len(row) for row in rows)
         tokens = torch.full((len(rows), width), pad_token_id(self.tokenizer), dtype=torch.long)
         for i, row in enumerate(rows):
             tokens[i, : len(row)] = torch.tensor(row)
-        prompt_lengths = torch.tensor([len(ids) for _, ids in prompts])
+        prompt_lengths = torch.tensor([len(ids) for _, ids, _ in prompts])
         response_lengths = torch.tensor([len(row) for row in rows]) - prompt_lengths
         batch = RolloutBatch(
             tokens=tokens,
@@ -229,8 +231,8 @@ class Orchestrator:
             response_lengths=response_lengths,
             engine_logprobs=torch.zeros(len(rows), width),
             rewards=torch.zeros(len(rows)),
-            prompt_indices=torch.tensor([p.index for p, _ in prompts]),
-            prompt_epochs=torch.tensor([p.epoch for p, _ in prompts]),
+            prompt_indices=torch.tensor([p.index for p, _, _ in prompts]),
+            prompt_epochs=torch.tensor([p.epoch for p, _, _ in prompts]),
             weight_versions=torch.full((len(rows),), self.engine_version or 0),
         )
         lengths = response_lengths.float()

@@ -2,9 +2,10 @@
 
 ``render`` turns a prompt's text into token ids: as written, or as a user
 message (after an optional system message) through the tokenizer's chat
-template; ``render_response`` does the same for an SFT target. The orchestrator renders every prompt with it, and so does
-``check_data``, which `erl validate`, `erl submit` and `erl run` call so that a
-malformed data file fails with its file:line before anything starts, and
+template; ``render_response`` does the same for an SFT target. The
+orchestrator renders every prompt with them, and so does ``check_data``,
+which `erl validate`, `erl submit` and `erl run` call so that a malformed
+data file fails with its file:line before anything starts, and
 prompts longer than the spec allows are counted up front (at run time they
 are skipped, recorded and replaced).
 """
