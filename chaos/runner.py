@@ -4,8 +4,10 @@
 ``run_job`` submits a job spec to a running topology and follows it to its
 end, injecting each fault when its moment comes (a rollout count, a time, or
 a predicate of the work dir) a random part of a second late, so faults land
-anywhere in a rollout. A fault is a ``chaos.scenario.Fault``, or any action
-as a function. It returns what was injected.
+anywhere in a rollout. A fault whose target is not running yet (the job is
+between a stop and its resume, a process is restarting) waits for it, up to
+``TARGET_WAIT_S``. A fault is a ``chaos.scenario.Fault``, or any action as a
+function. It returns what was injected.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import orjson
 
-from chaos.faults import Injection, inject
+from chaos.faults import Injection, NoTarget, inject
 from chaos.scenario import Fault
 from chaos.topology import REPO, Topology
 from elastic_rl.config import load_spec
@@ -28,6 +30,7 @@ from elastic_rl.config import load_spec
 Moment = int | float | Callable[[Path], bool]
 """A rollout count, or a predicate of the work dir (e.g. "a replica has healed")."""
 Action = Fault | Callable[[], None]
+TARGET_WAIT_S = 60.0
 
 
 def erl(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
@@ -59,6 +62,13 @@ def _due(moment: Moment, workdir: Path, rollouts_done: int, elapsed: float) -> b
     return rollouts_done >= moment
 
 
+def _inject(action: Action, topology: Topology, job: str, workdir: Path, rng: random.Random | None) -> Injection:
+    if isinstance(action, Fault):
+        return inject(action, topology, job_status(topology.endpoint, job), workdir, rng or random.Random(0))
+    action()
+    return Injection(action.__name__, "", time.time())
+
+
 def run_job(
     topology: Topology,
     spec: Path,
@@ -76,17 +86,21 @@ def run_job(
     run = JobRun(workdir, job, {}, started=time.time())
     pending = list(faults)
     deadline = time.monotonic() + timeout_s
+    waiting_since = None  # when the due fault first found no target
     while (info := job_status(topology.endpoint, job))["status"]["phase"] in ("pending", "running", "stopping"):
         elapsed = time.time() - run.started
         if pending and _due(pending[0][1], workdir, info["progress"].get("rollouts_done", 0), elapsed):
-            action, _ = pending.pop(0)
-            if rng is not None:
+            action = pending[0][0]
+            if rng is not None and waiting_since is None:
                 time.sleep(rng.uniform(0, 0.8))
-            if isinstance(action, Fault):
-                run.injections.append(inject(action, topology, job_status(topology.endpoint, job), workdir, rng or random.Random(0)))
-            else:
-                action()
-                run.injections.append(Injection(action.__name__, "", time.time()))
+            try:
+                run.injections.append(_inject(action, topology, job, workdir, rng))
+                pending.pop(0)
+                waiting_since = None
+            except NoTarget:
+                waiting_since = waiting_since or time.monotonic()
+                if time.monotonic() - waiting_since > TARGET_WAIT_S:
+                    raise
         assert time.monotonic() < deadline, f"job {job} did not finish within {timeout_s:.0f}s: {info['status']}"
         time.sleep(0.2)
     run.status, run.ended = info["status"], time.time()

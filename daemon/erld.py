@@ -143,6 +143,7 @@ class Erld:
     async def keep_alive(self) -> None:
         """Refresh the node lease on its own schedule, so a busy main loop never loses membership."""
         while not self.stopping.is_set():
+            pause = self.config.lease_ttl_s / 4
             try:
                 await self.store.refresh(self.lease)
                 self.renewed = time.monotonic()
@@ -150,8 +151,10 @@ class Erld:
                 log.warning("%s", exc)
                 await self.fence_and_rejoin()
             except StoreUnavailable as exc:
+                # etcd may be electing a leader: try again at once, for the lease's time is running out.
                 log.warning("lease refresh failed: %s", exc)
-            await asyncio.sleep(self.config.lease_ttl_s / 4)
+                pause = 0.1
+            await asyncio.sleep(pause)
 
     def lease_may_have_expired(self) -> bool:
         return time.monotonic() - self.renewed >= self.config.lease_ttl_s

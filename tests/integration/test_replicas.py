@@ -70,6 +70,7 @@ def test_killing_a_replica_loses_no_step(daemon, tmp_path):
     # and the chaos scenario replica-kill-warm-spare (on the same one).
 
 
+@pytest.mark.chaos  # `make chaos`, to keep `make test` under 20 minutes
 @pytest.mark.timeout(600)
 def test_killing_a_tensor_parallel_replica_loses_no_step(daemon, tmp_path):
     """Two replicas at TP=2: a dead rank takes its replica down, and it heals back from the survivor."""
