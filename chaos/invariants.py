@@ -4,14 +4,16 @@
 the same spec and returns one ``Check`` per invariant:
 
 1. every prompt drawn once: the same (epoch, index) pairs as the reference, in
-   order, none twice, and those skipped as over-long recorded;
+   order, none twice, those skipped as over-long recorded, and each generated
+   group trained once, dropped with a reason, or still in the buffer;
 2. every committed rollout applied once: the rollout log holds each rollout
    once, metrics.jsonl trains each once, and no superseded orchestrator wrote
    after its successor;
 3. every committed step used its whole global batch;
 4. every snapshot on disk valid or ignored: no resume started from an invalid one;
 5. the final weights equal the reference's, bitwise or within the stated tolerance;
-6. no sample generated with weights staler than the mode allows;
+6. no sample generated with weights staler than the spec allows (none in sync
+   mode without a buffer, else rollout.max_staleness);
 7. the job ended, and a job that did not succeed says why.
 
 The run must keep its whole rollout log and every snapshot (the harness sets
@@ -56,15 +58,34 @@ def _rollout(workdir: Path, rollout_id: int) -> tuple[dict[str, torch.Tensor], d
     return load_file(str(folder / "batch.safetensors")), orjson.loads((folder / jobenv.META_FILE).read_bytes())
 
 
+def _trained_groups(batch: dict[str, torch.Tensor], spec: JobSpec) -> list[tuple[int, int]]:
+    pairs = list(zip(batch["prompt_epochs"].tolist(), batch["prompt_indices"].tolist()))
+    return pairs[:: spec.rollout.n_samples_per_prompt]
+
+
 def drawn_prompts(workdir: Path, spec: JobSpec) -> list[tuple[int, int]]:
-    """(epoch, index) of every prompt drawn, in order: each group's, and the skipped ones."""
+    """(epoch, index) of every prompt drawn, in order: the skipped ones, then those generated."""
     drawn = []
     for rollout_id in jobenv.committed_rollouts(workdir):
         batch, meta = _rollout(workdir, rollout_id)
-        pairs = list(zip(batch["prompt_epochs"].tolist(), batch["prompt_indices"].tolist()))
         drawn += [(epoch, index) for index, epoch in meta.get("skipped_prompts", [])]
-        drawn += pairs[:: spec.rollout.n_samples_per_prompt]
+        drawn += [(epoch, index) for index, epoch in meta["drawn_prompts"]]
     return drawn
+
+
+def unaccounted_groups(workdir: Path, spec: JobSpec) -> list[tuple[int, int]]:
+    """Generated groups (epoch, index) not trained, dropped or buffered exactly once; [] when all are."""
+    generated: list[tuple[int, int]] = []
+    accounted: list[tuple[int, int]] = []
+    buffered: list[tuple[int, int]] = []
+    for rollout_id in jobenv.committed_rollouts(workdir):
+        batch, meta = _rollout(workdir, rollout_id)
+        generated += [(epoch, index) for index, epoch in meta["drawn_prompts"]]
+        accounted += _trained_groups(batch, spec)
+        accounted += [(epoch, index) for index, epoch, _ in meta["dropped_groups"]]
+        buffered = [(group["prompt"]["epoch"], group["prompt"]["index"]) for group in meta["buffer"]]
+    accounted += buffered
+    return sorted(set(generated) ^ set(accounted)) + sorted({g for g in accounted if accounted.count(g) > 1})
 
 
 def check_prompts(run: Path, reference: Path, spec: JobSpec) -> Check:
@@ -72,6 +93,8 @@ def check_prompts(run: Path, reference: Path, spec: JobSpec) -> Check:
     repeated = len(mine) - len(set(mine))
     if repeated:
         return Check("every prompt drawn once", False, f"{repeated} prompts drawn twice")
+    if lost := unaccounted_groups(run, spec):
+        return Check("every prompt drawn once", False, f"groups not trained, dropped or buffered once: {lost[:5]}")
     if mine != theirs:
         first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
         return Check("every prompt drawn once", False, f"the draws differ from the reference's from draw {first}")
@@ -143,7 +166,7 @@ def check_weights(run: Path, reference: Path, spec: JobSpec, tolerance: float | 
 
 
 def check_staleness(run: Path, spec: JobSpec) -> Check:
-    bound = 0 if spec.rollout.mode == "sync" else spec.rollout.max_staleness
+    bound = spec.rollout.staleness_bound
     stale = []
     for rollout_id in jobenv.committed_rollouts(run):
         versions = _rollout(run, rollout_id)[0]["weight_versions"]

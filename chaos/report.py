@@ -60,8 +60,8 @@ def analyse_faults(run: JobRun, workdir: Path, reference: Path) -> list[FaultRep
     reference_lines = jsonl(reference / "metrics.jsonl")
     gaps = [b["time"] - a["time"] for a, b in zip(reference_lines, reference_lines[1:])]
     usual = median(gaps) if gaps else 0.0
-    trained = set(drawn_prompts(workdir, spec))
-    lost = len(set(drawn_prompts(reference, spec)) - trained) * spec.rollout.n_samples_per_prompt
+    drawn = set(drawn_prompts(workdir, spec))
+    lost = len(set(drawn_prompts(reference, spec)) - drawn) * spec.rollout.n_samples_per_prompt
     reports = []
     for injection in run.injections:
         moment = injection.time

@@ -228,7 +228,10 @@ class JobAgent:
             for name, record in reported.items()
             if not any(a.get("adopt") == name for a in assigned.values())
         )
-        facts = ExitFacts(spec.role.value, proc.exit_code, bool(progress.get("finished")), idle_spare, tuple(proc.restarts), now)
+        facts = ExitFacts(
+            spec.role.value, proc.exit_code, bool(progress.get("finished")), idle_spare, tuple(proc.restarts), now,
+            given_up=progress.get("failure", ""),
+        )  # fmt: skip
         decision = decide_exit(facts, self.policy)
         if decision.action is ExitAction.SUCCEED_JOB:
             proc.state = ProcState.EXITED

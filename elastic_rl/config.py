@@ -170,6 +170,8 @@ class DataSpec(Component):
 
 
 BUILTIN_REWARDS = ("toy_copy", "exact_match", "boxed_math", "f1", "math")
+GROUP_FILTERS = ("zero_std",)
+BUFFER_FILTERS = ("fifo",)
 
 
 class RolloutSpec(Component):
@@ -205,6 +207,22 @@ class RolloutSpec(Component):
     """Strings that end a response (besides the tokenizer's end-of-sequence tokens)."""
     stop_token_ids: list[int] = []
     """Token ids that end a response, added to the end-of-sequence ids from the checkpoint."""
+    over_sampling_batch_size: PositiveInt | None = None
+    """Prompts drawn per generation round (default prompts_per_rollout). Rounds go on until the
+    rollout has prompts_per_rollout groups; the groups left over wait in the buffer for the next."""
+    dynamic_filter: str | None = None
+    """Which generated groups are kept: zero_std drops a group whose rewards are all equal (DAPO),
+    or a user function as module:function taking a ``Group`` and returning True to keep it."""
+    buffer_filter: str = "fifo"
+    """Which buffered groups a rollout takes first: fifo, or module:function taking (groups, count)
+    and returning the indices of the groups to take."""
+    max_filtered_rounds: PositiveInt = 16
+    """Generation rounds in a row whose every group the dynamic filter drops before the job fails."""
+    max_consecutive_bad_samples: PositiveInt = 64
+    """Samples in a row that cannot be scored (the reward raises or is not a finite number) before
+    the job fails; fewer are skipped with their group, with an event, and counted."""
+    max_concurrency: PositiveInt | None = None
+    """Most generation requests in flight at once; default all of a round's."""
 
     @field_validator("reward")
     @classmethod
@@ -219,9 +237,47 @@ class RolloutSpec(Component):
             )
         return value
 
+    @field_validator("dynamic_filter", "buffer_filter")
+    @classmethod
+    def _known_filter(cls, value: str | None, info: ValidationInfo) -> str | None:
+        builtin = {"dynamic_filter": GROUP_FILTERS, "buffer_filter": BUFFER_FILTERS}[info.field_name]
+        if value is None or value in builtin:
+            return value
+        module, sep, function = value.partition(":")
+        if not sep or not module or not function:
+            raise ValueError(f"unknown filter {value!r}: use one of {', '.join(builtin)} or module:function")
+        return value
+
+    @model_validator(mode="after")
+    def _rounds_fill_a_rollout(self) -> RolloutSpec:
+        if self.over_sampling_batch_size is not None and self.over_sampling_batch_size < self.prompts_per_rollout:
+            raise ValueError(
+                f"over_sampling_batch_size ({self.over_sampling_batch_size}) is below prompts_per_rollout "
+                f"({self.prompts_per_rollout}): a round draws at least a rollout's prompts"
+            )
+        if self.dynamic_filter == "zero_std" and self.n_samples_per_prompt < 2:
+            raise ValueError("dynamic_filter zero_std drops every group of one sample: set n_samples_per_prompt >= 2")
+        return self
+
     @property
     def samples_per_rollout(self) -> int:
         return self.prompts_per_rollout * self.n_samples_per_prompt
+
+    @property
+    def round_size(self) -> int:
+        """Prompts drawn per generation round."""
+        return self.over_sampling_batch_size or self.prompts_per_rollout
+
+    @property
+    def buffers_groups(self) -> bool:
+        """Whether groups may be left over from one rollout for a later one."""
+        return self.dynamic_filter is not None or self.round_size > self.prompts_per_rollout
+
+    @property
+    def staleness_bound(self) -> int:
+        """Most versions a trained sample may lag its rollout: none in sync mode, unless groups wait in
+        the buffer; max_staleness otherwise."""
+        return self.max_staleness if self.mode == "async" or self.buffers_groups else 0
 
 
 class EnginesSpec(Component):
@@ -444,6 +500,11 @@ class JobSpec(Component):
     def _sft_samples_each_pair_once(self) -> JobSpec:
         if self.algorithm.kind is AlgorithmKind.SFT and self.rollout.n_samples_per_prompt != 1:
             raise ValueError("algorithm.kind sft trains each (prompt, response) pair once: set rollout.n_samples_per_prompt to 1")
+        if self.algorithm.kind is AlgorithmKind.SFT and self.rollout.buffers_groups:
+            raise ValueError(
+                "algorithm.kind sft generates nothing to filter or buffer: remove rollout.dynamic_filter and "
+                "rollout.over_sampling_batch_size"
+            )
         return self
 
     @model_validator(mode="after")

@@ -5,6 +5,7 @@ Pure: the facts of one exit in, an action out. The rows:
 | who | exit | action |
 |---|---|---|
 | orchestrator | any, with every rollout trained | the job succeeded |
+| orchestrator | gave up (77) | fail the job, with the reason it reported |
 | trainer or spare | 0 | done: nothing to do (the orchestrator settles the job) |
 | trainer | rollback (75) | restart at once, from the newest snapshot |
 | trainer | device quarantined (76) | mark the device failed; the replica moves (a warm spare, or free devices) |
@@ -26,6 +27,8 @@ EXIT_ROLLBACK = 75
 """The trainers rolled back: restart at once, from the newest snapshot."""
 EXIT_DEVICE_QUARANTINED = 76
 """This replica's device produced non-finite values: mark it failed, move the replica."""
+EXIT_GAVE_UP = 77
+"""The orchestrator's failure budget ran out (e.g. too much unscorable data): restarting cannot help."""
 
 
 class ExitAction(Enum):
@@ -48,6 +51,8 @@ class ExitFacts:
     restarts: tuple[float, ...]
     """Times of this process's earlier restarts."""
     now: float
+    given_up: str = ""
+    """Why the orchestrator gave up, as it reported it."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class ExitDecision:
 def decide_exit(facts: ExitFacts, policy: RestartPolicy) -> ExitDecision:
     if facts.role == "orchestrator" and facts.job_finished:
         return ExitDecision(ExitAction.SUCCEED_JOB, reason="every rollout trained")
+    if facts.role == "orchestrator" and facts.exit_code == EXIT_GAVE_UP:
+        return ExitDecision(ExitAction.FAIL_JOB, reason=f"gave up: {facts.given_up or 'see its log'}")
     if facts.role in ("trainer", "spare") and facts.exit_code == 0:
         return ExitDecision(ExitAction.DONE)
     if facts.role == "trainer" and facts.exit_code == EXIT_ROLLBACK:

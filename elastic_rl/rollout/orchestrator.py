@@ -1,27 +1,27 @@
-"""The orchestrator process: draws prompts, generates through the router, scores, commits rollouts.
+"""The orchestrator process: fills each rollout with scored groups and commits it for the trainers.
 
     started by erld as: python -m elastic_rl.rollout.orchestrator   (ERL_* variables from jobenv)
 
 For each rollout it makes sure the engines serve the weight version the mode
 prescribes (sync: version N for rollout N; async: version N - 1, so rollout
-N + 1 generates while N trains), draws and renders the prompts (through the
-chat template when the spec asks; a prompt over ``rollout.max_prompt_len``
-tokens is skipped, recorded and replaced by the next one), generates
-``n_samples_per_prompt`` responses per prompt, scores them, and commits the
-batch with the data source's state to ``rollouts/<N>``. It writes one metrics line per trained rollout to
-``metrics.jsonl`` and the job's progress to etcd, and exits 0 once the last
-rollout is trained.
+N + 1 generates while N trains), has the ``GroupSampler`` fill it (draw,
+generate, score, filter, buffer; a prompt over ``rollout.max_prompt_len``
+tokens is skipped, recorded and replaced by the next one), and commits the
+batch with the data source's and the buffer's state to ``rollouts/<N>``, with
+every prompt drawn and every group dropped and why. It writes one metrics line
+per trained rollout to ``metrics.jsonl`` and the job's progress to etcd, and
+exits 0 once the last rollout is trained. When a failure budget runs out it
+reports why and exits ``EXIT_GAVE_UP``: erld fails the job with that reason.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import orjson
 import torch
@@ -32,15 +32,14 @@ from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
-from elastic_rl.errors import ElasticRLError
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
 from elastic_rl.rollout.batch import RolloutBatch, read_rollout, write_rollout
-from elastic_rl.rollout.data import DataSource, Prompt
+from elastic_rl.rollout.groups import to_batch
 from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.progress import ProgressReporter
-from elastic_rl.rollout.prompts import render, render_response
-from elastic_rl.rollout.rewards import load_reward
+from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GaveUp, GroupSampler
+from policies.exits import EXIT_GAVE_UP
 
 log = logging.getLogger("elastic_rl.orchestrator")
 
@@ -55,11 +54,6 @@ def generating_version(rollout_id: int, mode: str) -> int:
     return rollout_id if mode == "sync" else max(0, rollout_id - 1)
 
 
-def sample_seed(job_seed: int, rollout_id: int, sample_index: int) -> int:
-    digest = hashlib.sha256(f"{job_seed}/{rollout_id}/{sample_index}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
 class Orchestrator:
     def __init__(
         self, env: jobenv.JobEnv, router: RouterClient, progress: ProgressReporter, assignment: Assignment | None
@@ -69,8 +63,7 @@ class Orchestrator:
         self.router = router
         self.progress = progress
         self.tokenizer = load_tokenizer(self.spec.model)
-        self.reward = load_reward(self.spec.rollout.reward)
-        self.data = DataSource(self.spec.data, self.spec.seed)
+        self.sampler = GroupSampler(self.spec, self.tokenizer, router)
         self.sinks = metric_sinks(self.spec, self.workdir)
         # Checked before each commit: only the orchestrator the controller assigned writes the log.
         self.assignment = assignment
@@ -117,105 +110,9 @@ class Orchestrator:
         self.engine_version = version
         return time.monotonic() - started
 
-    # --- generation -------------------------------------------------------------
+    # --- batches --------------------------------------------------------------------
 
-    def draw(self) -> tuple[list[tuple[Prompt, list[int], list[int]]], list[Prompt]]:
-        """The rollout's prompts with their ids and, for SFT, their responses' ids (else empty);
-        and the over-long ones skipped on the way.
-
-        A skipped prompt counts as drawn (it is never drawn again); the next prompt takes its place.
-        For SFT a response longer than rollout.max_new_tokens is skipped like an over-long prompt.
-        """
-        rollout, limit = self.spec.rollout, self.spec.prompt_limit
-        wanted = rollout.prompts_per_rollout
-        supervised = self.spec.algorithm.kind is AlgorithmKind.SFT
-        kept: list[tuple[Prompt, list[int], list[int]]] = []
-        skipped: list[Prompt] = []
-        while len(kept) < wanted:
-            if len(skipped) >= len(self.data.records):
-                raise ElasticRLError(f"no prompt of the data fits rollout.max_prompt_len ({limit} tokens)")
-            for prompt in self.data.draw(wanted - len(kept)):
-                ids = render(self.tokenizer, self.spec.data, prompt.text)
-                response = []
-                if supervised:
-                    response = render_response(self.tokenizer, self.spec.data, prompt.text, prompt.label)
-                if len(ids) > limit or len(response) > rollout.max_new_tokens:
-                    skipped.append(prompt)
-                else:
-                    kept.append((prompt, ids, response))
-        return kept, skipped
-
-    def sampling_params(self, rollout_id: int, index: int) -> dict[str, Any]:
-        spec = self.spec.rollout
-        params: dict[str, Any] = {
-            "temperature": spec.temperature,
-            "top_p": spec.top_p,
-            "top_k": spec.top_k,
-            "max_new_tokens": spec.max_new_tokens,
-        }
-        if spec.stop:
-            params["stop"] = list(spec.stop)
-        if spec.stop_token_ids:
-            params["stop_token_ids"] = list(spec.stop_token_ids)
-        if spec.deterministic:
-            params["sampling_seed"] = sample_seed(self.spec.seed, rollout_id, index)
-        return params
-
-    async def generate(
-        self, rollout_id: int, prompts: list[tuple[Prompt, list[int], list[int]]]
-    ) -> tuple[RolloutBatch, dict[str, float]]:
-        spec = self.spec.rollout
-        started = time.monotonic()
-        requests = []
-        for prompt_number, (prompt, prompt_ids, _) in enumerate(prompts):
-            for sample in range(spec.n_samples_per_prompt):
-                params = self.sampling_params(rollout_id, prompt_number * spec.n_samples_per_prompt + sample)
-                requests.append((prompt, prompt_ids, params))
-        results = await asyncio.gather(*(self.router.generate(ids, params) for _, ids, params in requests))
-        elapsed = time.monotonic() - started
-        batch = self._to_batch(requests, results)
-        lengths = batch.response_lengths.float()
-        longest = max(results, key=lambda r: r["meta_info"]["completion_tokens"])
-        rewards = batch.rewards
-        metrics = {
-            "rollout/reward_mean": rewards.mean().item(),
-            "rollout/reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-            "rollout/response_length_mean": lengths.mean().item(),
-            "rollout/response_length_max": lengths.max().item(),
-            "rollout/time": elapsed,
-            "perf/generated_tokens_per_sec": lengths.sum().item() / elapsed,
-            "perf/longest_sample_tokens_per_sec": longest["meta_info"]["completion_tokens"]
-            / max(longest["meta_info"]["e2e_latency"], 1e-9),
-        }
-        return batch, metrics
-
-    def _to_batch(self, requests, results) -> RolloutBatch:
-        rows = [ids + r["output_ids"] for (_, ids, _), r in zip(requests, results)]
-        width = max(len(row) for row in rows)
-        tokens = torch.full((len(rows), width), pad_token_id(self.tokenizer), dtype=torch.long)
-        engine_logprobs = torch.zeros(len(rows), width)
-        rewards, versions = [], []
-        for i, ((prompt, ids, _), result) in enumerate(zip(requests, results)):
-            tokens[i, : len(rows[i])] = torch.tensor(rows[i])
-            logprobs = [entry[0] for entry in result["meta_info"]["output_token_logprobs"]]
-            engine_logprobs[i, len(ids) : len(ids) + len(logprobs)] = torch.tensor(logprobs)
-            response = self.tokenizer.decode(result["output_ids"], skip_special_tokens=True)
-            rewards.append(float(self.reward(prompt.text, response, prompt.label)))
-            versions.append(int(result["meta_info"]["weight_version"]))
-        return RolloutBatch(
-            tokens=tokens,
-            prompt_lengths=torch.tensor([len(ids) for _, ids, _ in requests]),
-            response_lengths=torch.tensor([len(r["output_ids"]) for r in results]),
-            engine_logprobs=engine_logprobs,
-            rewards=torch.tensor(rewards, dtype=torch.float32),
-            prompt_indices=torch.tensor([p.index for p, _, _ in requests]),
-            prompt_epochs=torch.tensor([p.epoch for p, _, _ in requests]),
-            weight_versions=torch.tensor(versions),
-        )
-
-    def supervised_batch(
-        self, prompts: list[tuple[Prompt, list[int], list[int]]]
-    ) -> tuple[RolloutBatch, dict[str, float]]:
+    def supervised_batch(self, prompts: list[Drawn]) -> tuple[RolloutBatch, dict[str, float]]:
         """SFT: each prompt followed by its label as the response; nothing is generated or scored."""
         started = time.monotonic()
         rows = [ids + response for _, ids, response in prompts]
@@ -246,13 +143,42 @@ class Orchestrator:
     # --- the loop ---------------------------------------------------------------
 
     def resume_point(self) -> int:
-        """Restore the data source from the newest committed rollout; return the next id."""
+        """Restore the data source and the buffer from the newest committed rollout; return the next id."""
         done = jobenv.committed_rollouts(self.workdir)
         if not done:
             return 0
         _, meta = read_rollout(self.workdir, done[-1])
-        self.data.load_state_dict(meta["data_state"])
+        self.sampler.load_state_dict(meta["data_state"], meta.get("buffer", []))
         return done[-1] + 1
+
+    async def fill(self, rollout_id: int) -> tuple[RolloutBatch, Filled]:
+        """The rollout's batch, and what filling it did; what it skipped and dropped reported as events."""
+        spec = self.spec.rollout
+        if self.spec.algorithm.kind is AlgorithmKind.SFT:
+            prompts, skipped = self.sampler.draw(spec.prompts_per_rollout)
+            batch, metrics = self.supervised_batch(prompts)
+            filled = Filled([], drawn=[prompt for prompt, _, _ in prompts], skipped=skipped, metrics=metrics)
+        else:
+            filled = await self.sampler.fill(rollout_id)
+            batch = to_batch(filled.groups, pad_token_id(self.tokenizer))
+        if filled.skipped:
+            await self.progress.event(
+                "prompts_skipped",
+                f"{len(filled.skipped)} prompt(s) longer than {self.spec.prompt_limit} tokens (or, for SFT, with a "
+                f"response over {spec.max_new_tokens}) skipped",
+                rollout=rollout_id,
+                prompts=[[p.index, p.epoch] for p in filled.skipped],
+            )
+        unscorable = [group.prompt for group, reason in filled.dropped if reason is DropReason.UNSCORABLE]
+        if unscorable:
+            await self.progress.event(
+                "samples_skipped",
+                f"{len(filled.errors)} sample(s) could not be scored; their {len(unscorable)} group(s) skipped. "
+                f"First: {filled.errors[0]}",
+                rollout=rollout_id,
+                prompts=[[p.index, p.epoch] for p in unscorable],
+            )
+        return batch, filled
 
     def recorded_point(self) -> int:
         """The first rollout without a line in metrics.jsonl; a partial last line (a crash mid-append) is dropped."""
@@ -293,27 +219,22 @@ class Orchestrator:
             while recorded < rollout_id and jobenv.train_metrics_path(self.workdir, recorded).is_file():
                 await self.record_trained(recorded)
                 recorded += 1
-            prompts, skipped = self.draw()
-            if skipped:
-                await self.progress.event(
-                    "prompts_skipped",
-                    f"{len(skipped)} prompt(s) longer than {self.spec.prompt_limit} tokens (or, for SFT, with a "
-                    f"response over {spec.max_new_tokens}) skipped",
-                    rollout=rollout_id,
-                    prompts=[[p.index, p.epoch] for p in skipped],
-                )
-            if self.spec.algorithm.kind is AlgorithmKind.SFT:
-                batch, metrics = self.supervised_batch(prompts)
-            else:
-                batch, metrics = await self.generate(rollout_id, prompts)
+            batch, filled = await self.fill(rollout_id)
+            metrics = filled.metrics
             metrics["rollout/weight_version"] = float(self.engine_version)
-            metrics["rollout/skipped_prompts"] = float(len(skipped))
+            metrics["rollout/skipped_prompts"] = float(len(filled.skipped))
             metrics["rollout/weights_load_time"] = load_time
             commit_started = time.monotonic()
+            state = self.sampler.state_dict()
             meta = {
-                "data_state": self.data.state_dict(),
+                "data_state": state["data"],
+                "buffer": state["buffer"],
                 "metrics": metrics,
-                "skipped_prompts": [[p.index, p.epoch] for p in skipped],
+                "skipped_prompts": [[p.index, p.epoch] for p in filled.skipped],
+                # Every prompt generated for this rollout, in draw order, and every group dropped, with why:
+                # with the batch and the buffer they account for each drawn prompt once.
+                "drawn_prompts": [[p.index, p.epoch] for p in filled.drawn],
+                "dropped_groups": [[group.prompt.index, group.prompt.epoch, reason.value] for group, reason in filled.dropped],
                 # Which orchestrator wrote it: the chaos checker proves one writer per rollout with it.
                 "writer": {
                     "node": os.environ.get(jobenv.NODE),
@@ -342,7 +263,12 @@ async def amain() -> None:
     endpoint = os.environ.get(jobenv.ETCD)
     assignment = Assignment.from_environ() if endpoint else None
     async with ProgressReporter.connect(env.job, endpoint, env.workdir) as progress:
-        await Orchestrator(env, router, progress, assignment).run()
+        try:
+            await Orchestrator(env, router, progress, assignment).run()
+        except GaveUp as exc:
+            log.error("giving up: %s", exc)
+            await progress.give_up(str(exc))
+            sys.exit(EXIT_GAVE_UP)
 
 
 def main() -> None:

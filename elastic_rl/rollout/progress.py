@@ -56,6 +56,14 @@ class ProgressReporter:
             },
         )
 
+    async def give_up(self, reason: str) -> None:
+        """A failure budget ran out: say why, for erld to fail the job with it."""
+        await self.event("orchestrator_gave_up", reason)
+        if self.store is None:
+            return
+        progress = await self.store.get(keys.job_progress(self.job)) or {}
+        await self.store.put(keys.job_progress(self.job), {**progress, "failure": reason, "time": time.time()})
+
     async def finish(self) -> None:
         if self.store is None:
             return

@@ -6,7 +6,6 @@ in [0, 1]. ``load_reward`` resolves the spec's ``rollout.reward``.
 
 from __future__ import annotations
 
-import importlib
 import re
 import string
 from collections import Counter
@@ -14,7 +13,7 @@ from collections.abc import Callable
 
 from math_verify import parse, verify
 
-from elastic_rl.errors import SpecError
+from elastic_rl.plugins import load_function
 
 RewardFn = Callable[[str, str, str], float]
 
@@ -110,13 +109,4 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
 
 
 def load_reward(name: str) -> RewardFn:
-    if name in BUILTIN_REWARDS:
-        return BUILTIN_REWARDS[name]
-    module_name, _, function_name = name.partition(":")
-    try:
-        function = getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError) as exc:
-        raise SpecError([f"rollout.reward: cannot load {name!r}: {exc}"]) from None
-    if not callable(function):
-        raise SpecError([f"rollout.reward: {name!r} is not callable"])
-    return function
+    return BUILTIN_REWARDS[name] if name in BUILTIN_REWARDS else load_function("rollout.reward", name)

@@ -81,13 +81,15 @@ def run_job(
     signal_number: int = signal.SIGKILL,
     timeout_s: float = 500,
     spec: Path = SPEC,
+    expect: tuple[str, ...] = ("succeeded",),
 ) -> list[str]:
     """Run a job to the end through the chaos harness, injecting fault F once N rollouts are done, for each (F, N).
 
     N may instead be a predicate of the work dir. A fault is a job process's name (sent
     ``signal_number``: SIGKILL, or SIGSTOP to hang it), "erld" (SIGKILLed and started again),
     STOP_AND_RESUME, or any other action as a function. ``jitter`` (a random.Random) delays each
-    fault by a random part of a second. Returns the faults injected, by name.
+    fault by a random part of a second. The job must end in a phase of ``expect``. Returns the faults
+    injected, by name.
     """
     overrides = [job_args[i + 1] for i in range(0, len(job_args), 2)]
     actions = []
@@ -102,7 +104,7 @@ def run_job(
         else:
             action = fault
         actions.append((action, moment))
-    run = chaos_run_job(daemon, spec, workdir, overrides, actions, rng=jitter, timeout_s=timeout_s)
+    run = chaos_run_job(daemon, spec, workdir, overrides, actions, rng=jitter, timeout_s=timeout_s, expect=expect)
     return [fault if isinstance(fault, str) else fault.__name__ for (fault, _), _ in zip(faults, run.injections)]
 
 

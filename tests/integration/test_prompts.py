@@ -1,4 +1,5 @@
-"""Prompts longer than rollout.max_prompt_len are skipped, recorded and counted; the job goes on."""
+"""Bad data inside a run: prompts longer than rollout.max_prompt_len, and samples the reward cannot
+score, are skipped, recorded and counted, and the job goes on; past the budget it fails, saying why."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from safetensors.torch import load_file
 
 from elastic_rl import jobenv
-from tests.integration.erld_support import job_events, metrics, run_job
+from tests.integration.erld_support import job_events, metrics, run_job, status
 
 pytestmark = [pytest.mark.integration]
 
@@ -15,7 +16,7 @@ ROLLOUTS = 3
 
 
 @pytest.mark.timeout(300)
-def test_over_long_prompts_are_skipped_not_fatal(daemon, tmp_path):
+def test_over_long_prompts_and_unscorable_samples_are_skipped_not_fatal(daemon, tmp_path):
     data = tmp_path / "prompts.jsonl"
     long = {index for index in range(40) if index % 5 == 0}
     with open(data, "wb") as handle:
@@ -32,15 +33,36 @@ def test_over_long_prompts_are_skipped_not_fatal(daemon, tmp_path):
         "--set", "rollout.n_samples_per_prompt=4",
         "--set", "trainer.global_batch_size=32",
         "--set", "trainer.micro_batch_size=32",
+        "--set", "rollout.reward=tests.rewards:raises_on_sevens",
     ])  # fmt: skip
-    skipped = []
+    skipped, unscorable = [], []
     for rollout_id in range(ROLLOUTS):
         folder = jobenv.rollout_dir(workdir, rollout_id)
         batch = load_file(str(folder / "batch.safetensors"))
-        assert not long & set(batch["prompt_indices"].tolist())  # never generated
-        assert len(set(batch["prompt_indices"].tolist())) == 8  # the rollout is full all the same
-        skipped += [index for index, _ in orjson.loads((folder / "meta.json").read_bytes())["skipped_prompts"]]
+        trained = set(batch["prompt_indices"].tolist())
+        assert not long & trained  # never generated
+        assert not {7, 17, 27, 37} & trained  # generated, but not trained without a reward
+        assert len(trained) == 8  # the rollout is full all the same
+        meta = orjson.loads((folder / "meta.json").read_bytes())
+        skipped += [index for index, _ in meta["skipped_prompts"]]
+        unscorable += [index for index, _, reason in meta["dropped_groups"] if reason == "unscorable"]
     assert skipped and set(skipped) <= long
-    assert sum(line["rollout/skipped_prompts"] for line in metrics(workdir)) == len(skipped)
-    events = [e for e in job_events(workdir) if e["kind"] == "prompts_skipped"]
-    assert sorted(index for e in events for index, _ in e["prompts"]) == sorted(skipped)
+    assert unscorable and set(unscorable) <= {7, 17, 27, 37}
+    lines = metrics(workdir)
+    assert sum(line["rollout/skipped_prompts"] for line in lines) == len(skipped)
+    assert sum(line["rollout/unscorable_samples"] for line in lines) == 4 * len(unscorable)
+    events = job_events(workdir)
+    assert sorted(index for e in events if e["kind"] == "prompts_skipped" for index, _ in e["prompts"]) == sorted(skipped)
+    assert sorted(index for e in events if e["kind"] == "samples_skipped" for index, _ in e["prompts"]) == sorted(unscorable)
+
+
+@pytest.mark.timeout(200)
+def test_unscorable_data_past_its_budget_fails_the_job_with_the_reason(daemon, tmp_path):
+    run_job(daemon, tmp_path, [
+        "--set", "rollout.reward=tests.rewards:always_raises",
+        "--set", "rollout.max_consecutive_bad_samples=20",
+    ], expect=("failed",))  # fmt: skip
+    reason = status(daemon, "tiny-grpo")["status"]["reason"]
+    assert "orchestrator gave up: 20 samples in a row could not be scored" in reason, reason
+    assert "RuntimeError: the reward service is down" in reason
+    assert [e["kind"] for e in job_events(tmp_path)].count("proc_restarted") == 0  # no restart could help

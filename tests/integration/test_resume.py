@@ -1,20 +1,24 @@
-"""Checkpoint-first: SIGKILL job processes mid-run; the run ends exactly as a fault-free one."""
+"""Checkpoint-first: SIGKILL job processes mid-run; the run ends exactly as a fault-free one, the
+rollout buffer's groups (dynamic sampling's leftovers) included."""
 
 from __future__ import annotations
 
 import pytest
 
 from chaos.invariants import check_run
-from tests.integration.erld_support import STOP_AND_RESUME, job_events, run_job, status
+from tests.integration.erld_support import STOP_AND_RESUME, job_events, metrics, run_job, status
 
 pytestmark = [pytest.mark.integration]
 
 ROLLOUTS = 12
 # A dead lighthouse costs the trainer one quorum timeout, kept short here. Half the example's
-# prompts a rollout (and half its global batch): what is checked does not need more.
+# prompts a rollout (and half its global batch): what is checked does not need more. DAPO's
+# filter and over-sampling leave groups in the buffer across rollouts, so the kills find it full.
 JOB = [
     "--set", f"rollout.num_rollouts={ROLLOUTS}",
     "--set", "rollout.prompts_per_rollout=16",
+    "--set", "rollout.over_sampling_batch_size=24",
+    "--set", "rollout.dynamic_filter=zero_std",
     "--set", "trainer.global_batch_size=128",
     "--set", "checkpoints.keep_last=1000",
     "--set", "fault_tolerance.quorum_timeout_s=10",
@@ -34,6 +38,9 @@ def test_killing_any_job_process_changes_nothing(daemon, tmp_path):
     # global batches, weights bitwise equal to the fault-free run's.
     checks = check_run(faulty, clean, status(daemon, "tiny-grpo")["status"], tolerance=0.0)
     assert all(check.held for check in checks), [check for check in checks if not check.held]
+    lines = metrics(faulty)
+    assert any(line["rollout/filtered_fraction"] > 0 for line in lines)
+    assert any(line["rollout/groups_from_buffer"] > 0 for line in lines)
     events = job_events(faulty)
     assert [e["kind"] for e in events].count("job_stopped") == 1
     assert any(e["kind"] == "trainer_resumed" and e["proc"] == "trainer-0-0" for e in events)
