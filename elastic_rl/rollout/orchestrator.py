@@ -4,7 +4,8 @@
 
 For each rollout it makes sure the engines serve the weight version the mode
 prescribes (sync: version N for rollout N; async: version N - 1, so rollout
-N + 1 generates while N trains), has the ``GroupSampler`` fill it (draw,
+N + 1 generates while N trains), runs eval when it is due (``Evaluator``: its
+metrics join the rollout's line), has the ``GroupSampler`` fill it (draw,
 generate, score, filter, buffer; a prompt over ``rollout.max_prompt_len``
 tokens is skipped, recorded and replaced by the next one), and commits the
 batch with the data source's and the buffer's state to ``rollouts/<N>``, with
@@ -35,6 +36,7 @@ from elastic_rl.engines.router import RouterClient
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
 from elastic_rl.rollout.batch import RolloutBatch, read_rollout, write_rollout
+from elastic_rl.rollout.evaluation import Evaluator
 from elastic_rl.rollout.groups import to_batch
 from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.progress import ProgressReporter
@@ -64,6 +66,7 @@ class Orchestrator:
         self.progress = progress
         self.tokenizer = load_tokenizer(self.spec.model)
         self.sampler = GroupSampler(self.spec, self.tokenizer, router)
+        self.evaluator = Evaluator(self.spec, self.tokenizer, router.generate)
         self.sinks = metric_sinks(self.spec, self.workdir)
         # Checked before each commit: only the orchestrator the controller assigned writes the log.
         self.assignment = assignment
@@ -219,8 +222,9 @@ class Orchestrator:
             while recorded < rollout_id and jobenv.train_metrics_path(self.workdir, recorded).is_file():
                 await self.record_trained(recorded)
                 recorded += 1
+            evaluated = await self.evaluator.run(rollout_id) if self.evaluator.due(rollout_id) else {}
             batch, filled = await self.fill(rollout_id)
-            metrics = filled.metrics
+            metrics = {**filled.metrics, **evaluated}
             metrics["rollout/weight_version"] = float(self.engine_version)
             metrics["rollout/skipped_prompts"] = float(len(filled.skipped))
             metrics["rollout/weights_load_time"] = load_time

@@ -74,6 +74,8 @@ class DataReport:
 def check_data(spec: JobSpec) -> DataReport | None:
     """Read the job's data file as the orchestrator will; ``SpecError`` for what would fail the run."""
     data = spec.data
+    for dataset in spec.eval.datasets:
+        jsonl_lines(dataset.path, data.prompt_key, data.label_key)
     if data.path is None:
         return None
     records = jsonl_lines(data.path, data.prompt_key, data.label_key)

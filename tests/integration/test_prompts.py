@@ -1,5 +1,6 @@
 """Bad data inside a run: prompts longer than rollout.max_prompt_len, and samples the reward cannot
-score, are skipped, recorded and counted, and the job goes on; past the budget it fails, saying why."""
+score, are skipped, recorded and counted, and the job goes on; past the budget it fails, saying why.
+Eval on held-out prompts runs at its interval beside the same job, and never enters training."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def test_over_long_prompts_and_unscorable_samples_are_skipped_not_fatal(daemon, 
             digit = str(index % 10)
             prompt = digit * 12 + "=" if index in long else digit + "="
             handle.write(orjson.dumps({"prompt": prompt, "label": digit}) + b"\n")
+    held_out = tmp_path / "held-out.jsonl"
+    held_out.write_bytes(b"\n".join(orjson.dumps({"prompt": f"{d}=", "label": str(d)}) for d in range(10)))
     workdir = tmp_path / "job"
     run_job(daemon, workdir, [
         "--set", f"data.path={data}",
@@ -34,6 +37,8 @@ def test_over_long_prompts_and_unscorable_samples_are_skipped_not_fatal(daemon, 
         "--set", "trainer.global_batch_size=32",
         "--set", "trainer.micro_batch_size=32",
         "--set", "rollout.reward=tests.rewards:raises_on_sevens",
+        "--set", "eval.interval_rollouts=2",
+        "--set", f"eval.datasets=[{{name: held-out, path: {held_out}, n_samples_per_prompt: 2}}]",
     ])  # fmt: skip
     skipped, unscorable = [], []
     for rollout_id in range(ROLLOUTS):
@@ -51,6 +56,12 @@ def test_over_long_prompts_and_unscorable_samples_are_skipped_not_fatal(daemon, 
     lines = metrics(workdir)
     assert sum(line["rollout/skipped_prompts"] for line in lines) == len(skipped)
     assert sum(line["rollout/unscorable_samples"] for line in lines) == 4 * len(unscorable)
+    # Eval before rollouts 0 and 2: ten prompts, two samples each; "7=" cannot be scored.
+    evaluated = [line["rollout"] for line in lines if "eval/held-out/samples" in line]
+    assert evaluated == [0, 2]
+    for line in (lines[0], lines[2]):
+        assert line["eval/held-out/samples"] == 20 and line["eval/held-out/unscorable_samples"] == 2
+        assert 0.0 <= line["eval/held-out/reward_mean"] <= 1.0
     events = job_events(workdir)
     assert sorted(index for e in events if e["kind"] == "prompts_skipped" for index, _ in e["prompts"]) == sorted(skipped)
     assert sorted(index for e in events if e["kind"] == "samples_skipped" for index, _ in e["prompts"]) == sorted(unscorable)
