@@ -192,9 +192,11 @@ class RolloutSpec(Component):
     top_k: int = Field(-1, ge=-1)
     """Sample from the k most likely tokens; -1 for all."""
     mode: Literal["sync", "async"] = "sync"
-    """sync: generate, train, update. async: rollout N+1 generates while N trains."""
+    """sync: generate, train, update. async: rollout N generates with weights N - max_staleness, so
+    the orchestrator runs up to max_staleness rollouts ahead of the trainers."""
     max_staleness: int = Field(1, ge=0)
-    """Most weight versions a sample may lag behind the trainer (async mode)."""
+    """Weight versions a sample may lag its rollout: in async mode exactly this many (at least 1);
+    in either mode the most a group may wait in the buffer."""
     deterministic: bool = False
     """Seed each sample from (job seed, rollout id, sample index) for bitwise-reproducible rollouts."""
     reward: str = "toy_copy"
@@ -255,6 +257,8 @@ class RolloutSpec(Component):
                 f"over_sampling_batch_size ({self.over_sampling_batch_size}) is below prompts_per_rollout "
                 f"({self.prompts_per_rollout}): a round draws at least a rollout's prompts"
             )
+        if self.mode == "async" and self.max_staleness < 1:
+            raise ValueError("mode async generates with older weights than it trains: set max_staleness >= 1")
         if self.dynamic_filter == "zero_std" and self.n_samples_per_prompt < 2:
             raise ValueError("dynamic_filter zero_std drops every group of one sample: set n_samples_per_prompt >= 2")
         return self
@@ -272,6 +276,11 @@ class RolloutSpec(Component):
     def buffers_groups(self) -> bool:
         """Whether groups may be left over from one rollout for a later one."""
         return self.dynamic_filter is not None or self.round_size > self.prompts_per_rollout
+
+    def generating_version(self, rollout_id: int) -> int:
+        """The weight version that generates a rollout: a function of its id and the spec only, so a
+        restarted orchestrator generates with the same weights."""
+        return rollout_id if self.mode == "sync" else max(0, rollout_id - self.max_staleness)
 
     @property
     def staleness_bound(self) -> int:

@@ -2,9 +2,9 @@
 
 Before generating rollout N, when N is a multiple of the interval, the
 orchestrator asks the ``Evaluator`` for each dataset's metrics with the
-weights the engines serve then (version N in sync mode, N - 1 in async). They join the rollout's
-metrics line as ``eval/<name>/...``; eval samples never enter the rollout log,
-so nothing trains on them. Each eval sample's seed depends on (job seed,
+weights the engines serve then (version N in sync mode, N - max_staleness in
+async). They join the rollout's metrics line as ``eval/<name>/...``; eval
+samples never enter the rollout log, so nothing trains on them. Each eval sample's seed depends on (job seed,
 dataset, rollout, sample) only, so a restarted orchestrator measures the same.
 """
 

@@ -3,8 +3,8 @@
     started by erld as: python -m elastic_rl.rollout.orchestrator   (ERL_* variables from jobenv)
 
 For each rollout it makes sure the engines serve the weight version the mode
-prescribes (sync: version N for rollout N; async: version N - 1, so rollout
-N + 1 generates while N trains), runs eval when it is due (``Evaluator``: its
+prescribes (sync: version N for rollout N; async: version N - k for
+rollout.max_staleness k, so it runs k rollouts ahead of the trainers), runs eval when it is due (``Evaluator``: its
 metrics join the rollout's line), has the ``GroupSampler`` fill it (draw,
 generate, score, filter, buffer; a prompt over ``rollout.max_prompt_len``
 tokens is skipped, recorded and replaced by the next one), and commits the
@@ -49,11 +49,6 @@ POLL_INTERVAL_S = 0.05
 RETRY_ENGINES_S = 1.0
 # With the client's backoff (up to 2 s a try) this rides out about half a minute without engines.
 ROUTER_ATTEMPTS = 16
-
-
-def generating_version(rollout_id: int, mode: str) -> int:
-    """The weight version that generates a rollout: a function of its id and the mode only."""
-    return rollout_id if mode == "sync" else max(0, rollout_id - 1)
 
 
 class Orchestrator:
@@ -217,8 +212,8 @@ class Orchestrator:
         recorded = self.recorded_point()
         await self.wait_for_engines()
         for rollout_id in range(start, spec.num_rollouts):
-            load_time = await self.serve_version(generating_version(rollout_id, spec.mode))
-            # In async mode this records rollout N - 1, trained while N was generated.
+            load_time = await self.serve_version(spec.generating_version(rollout_id))
+            # In async mode this records the rollouts trained while this one waited for its weights.
             while recorded < rollout_id and jobenv.train_metrics_path(self.workdir, recorded).is_file():
                 await self.record_trained(recorded)
                 recorded += 1

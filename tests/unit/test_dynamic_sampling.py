@@ -172,3 +172,10 @@ def test_the_orchestrator_giving_up_fails_the_job_with_its_reason():
 def test_bad_sampling_options_are_named(rollout, field):
     with pytest.raises(SpecError, match=re.escape(field)):
         spec(**rollout)
+
+
+def test_async_generates_exactly_max_staleness_versions_behind():
+    assert [spec().rollout.generating_version(r) for r in range(4)] == [0, 1, 2, 3]
+    assert [spec(mode="async", max_staleness=2).rollout.generating_version(r) for r in range(4)] == [0, 0, 0, 1]
+    with pytest.raises(SpecError, match="mode async .* set max_staleness >= 1"):
+        spec(mode="async", max_staleness=0)
