@@ -130,7 +130,7 @@ class Controller:
     def _wanted(spec: JobSpec, status: dict) -> dict[str, Group]:
         """The job's groups, with the engine count `erl scale` asked for."""
         groups = [g for g in job_groups(spec) if g.kind is not GroupKind.ENGINE]
-        groups += [Group(f"engine-{i}", GroupKind.ENGINE, 1) for i in range(status.get("engines", spec.engines.count))]
+        groups += [Group(f"engine-{i}", GroupKind.ENGINE, 1) for i in range(status.get("engines", spec.engine_count))]
         return {g.name: g for g in groups}
 
     @staticmethod
@@ -198,7 +198,7 @@ class Controller:
                     for proc, assignment in members.items():
                         changes.puts[keys.assignment(job_id, proc)] = {**assignment, "generation": generation}
         engines = sum(1 for g in wanted if g.startswith("engine-"))
-        before = status.get("engines_placed", spec.engines.count)
+        before = status.get("engines_placed", spec.engine_count)
         if engines != before:
             changes.events.append(("engines_scaled", f"{before} -> {engines} engines", {"engines": engines}))
         new_status = {**status, "unplaced": sorted(degraded), "engines_placed": engines}

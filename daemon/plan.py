@@ -53,10 +53,11 @@ class ProcSpec:
 
 def job_groups(spec: JobSpec) -> list[Group]:
     tp = spec.trainer.tensor_parallel
+    replicas, spares = spec.trainer_groups
     groups = [Group(SERVICES, GroupKind.SERVICES, 0)]
-    groups += [Group(f"engine-{i}", GroupKind.ENGINE, 1) for i in range(spec.engines.count)]
-    groups += [Group(f"replica-{k}", GroupKind.REPLICA, tp) for k in range(spec.trainer.replicas)]
-    groups += [Group(f"spare-{s}", GroupKind.SPARE, tp) for s in range(spec.fault_tolerance.warm_spares)]
+    groups += [Group(f"engine-{i}", GroupKind.ENGINE, 1) for i in range(spec.engine_count)]
+    groups += [Group(f"replica-{k}", GroupKind.REPLICA, tp) for k in range(replicas)]
+    groups += [Group(f"spare-{s}", GroupKind.SPARE, tp) for s in range(spares)]
     return groups
 
 

@@ -43,12 +43,15 @@ def _endpoint(args: argparse.Namespace) -> str:
 
 
 def _checked_spec(args: argparse.Namespace) -> JobSpec:
-    """The spec, validated, with its data file read the way the run will read it."""
+    """The spec, validated, with its data files (and a debug.train_only rollout log) read the way the
+    run will read them."""
     spec = load_spec(args.spec, args.overrides)
-    if spec.data.path is not None:
+    if spec.data.path is not None or spec.eval.datasets or spec.debug.train_only is not None:
         from elastic_rl.rollout.prompts import check_data  # reads the tokenizer: transformers
 
-        print(check_data(spec).summary(), file=sys.stderr)
+        report = check_data(spec)
+        if report is not None:
+            print(report.summary(), file=sys.stderr)
     return spec
 
 

@@ -471,6 +471,33 @@ class EvalSpec(Component):
         return self
 
 
+class DebugSpec(Component):
+    """Run one side of a job alone, to debug it (slime's debug rollouts)."""
+
+    rollout_only: bool = False
+    """Generate and commit rollouts without training: no trainer starts and the engines keep the
+    initial weights."""
+    train_only: Path | None = None
+    """Train on the rollout log of an earlier job's work dir, generating nothing: no engine starts."""
+
+    @field_validator("train_only")
+    @classmethod
+    def _a_folder(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        base = (info.context or {}).get("base_dir")
+        path = value if value.is_absolute() or base is None else Path(base) / value
+        if not path.is_dir():
+            raise ValueError(f"no folder {path}: give the work dir of a job whose rollout log to train on")
+        return path.resolve()
+
+    @model_validator(mode="after")
+    def _one_side(self) -> DebugSpec:
+        if self.rollout_only and self.train_only is not None:
+            raise ValueError("rollout_only and train_only leave nothing to run together: set one of them")
+        return self
+
+
 class CheckpointSpec(Component):
     """Snapshots of the training state."""
 
@@ -550,6 +577,7 @@ class JobSpec(Component):
     fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
     metrics: MetricsSpec = MetricsSpec()
     eval: EvalSpec = EvalSpec()
+    debug: DebugSpec = DebugSpec()
 
     @model_validator(mode="after")
     def _sft_samples_each_pair_once(self) -> JobSpec:
@@ -591,6 +619,8 @@ class JobSpec(Component):
                         f"of trainer.tensor_parallel ({tp})"
                     )
         self._check_reference()
+        if self.debug.train_only is not None and self.eval.interval_rollouts:
+            raise ValueError("eval generates through the engines, and debug.train_only starts none: remove one")
         if self.prompt_limit < 1:
             raise ValueError(
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) leaves no room for a prompt in the "
@@ -618,10 +648,21 @@ class JobSpec(Component):
         return min(self.rollout.max_prompt_len or room, room)
 
     @property
+    def engine_count(self) -> int:
+        """Engines the job starts: none when it only trains (debug.train_only)."""
+        return 0 if self.debug.train_only is not None else self.engines.count
+
+    @property
+    def trainer_groups(self) -> tuple[int, int]:
+        """(replicas, warm spares) the job starts: none when it only generates (debug.rollout_only)."""
+        if self.debug.rollout_only:
+            return 0, 0
+        return self.trainer.replicas, self.fault_tolerance.warm_spares
+
+    @property
     def devices_needed(self) -> int:
         """Device slots the job takes: one per engine and per trainer rank, warm spares included."""
-        trainer_groups = self.trainer.replicas + self.fault_tolerance.warm_spares
-        return self.engines.count + trainer_groups * self.trainer.tensor_parallel
+        return self.engine_count + sum(self.trainer_groups) * self.trainer.tensor_parallel
 
     @property
     def resolved_workdir(self) -> Path:

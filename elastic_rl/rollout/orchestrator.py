@@ -13,6 +13,9 @@ every prompt drawn and every group dropped and why. It writes one metrics line
 per trained rollout to ``metrics.jsonl`` and the job's progress to etcd, and
 exits 0 once the last rollout is trained. When a failure budget runs out it
 reports why and exits ``EXIT_GAVE_UP``: erld fails the job with that reason.
+With ``debug.rollout_only`` nothing trains (the engines keep the initial
+weights); with ``debug.train_only`` it replays another job's rollout log
+instead of generating.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import torch
@@ -190,14 +194,21 @@ class Orchestrator:
         lines = whole.splitlines()
         return orjson.loads(lines[-1])["rollout"] + 1 if lines else 0
 
+    def trained(self, rollout_id: int) -> bool:
+        """Whether the trainers applied a rollout (with debug.rollout_only: whether it is committed)."""
+        if self.spec.debug.rollout_only:
+            return rollout_id in jobenv.committed_rollouts(self.workdir)
+        return jobenv.train_metrics_path(self.workdir, rollout_id).is_file()
+
     async def record_trained(self, rollout_id: int) -> None:
         """Once the trainer has applied ``rollout_id``, log its metrics line and progress."""
+        while not self.trained(rollout_id):
+            await asyncio.sleep(POLL_INTERVAL_S)
         # Written after the weights it reports on; those may already be pruned.
         metrics_file = jobenv.train_metrics_path(self.workdir, rollout_id)
-        while not metrics_file.is_file():
-            await asyncio.sleep(POLL_INTERVAL_S)
+        trained = orjson.loads(metrics_file.read_bytes()) if metrics_file.is_file() else {}
         _, meta = read_rollout(self.workdir, rollout_id)
-        line = {"rollout": rollout_id, "time": time.time(), **meta["metrics"], **orjson.loads(metrics_file.read_bytes())}
+        line = {"rollout": rollout_id, "time": time.time(), **meta["metrics"], **trained}
         if rollout_id in self.commit_times:
             line["rollout/commit_time"] = self.commit_times.pop(rollout_id)
         with open(self.workdir / "metrics.jsonl", "ab") as handle:
@@ -206,47 +217,60 @@ class Orchestrator:
             sink.write(line)
         await self.progress.report(rollout_id, line)
 
+    def writer(self) -> dict[str, Any]:
+        """Which orchestrator wrote a rollout: the chaos checker proves one writer per rollout with it."""
+        return {
+            "node": os.environ.get(jobenv.NODE),
+            "generation": self.assignment.generation if self.assignment else None,
+            "pid": os.getpid(),
+        }
+
+    async def generate_rollout(self, rollout_id: int, load_time: float) -> tuple[RolloutBatch, dict[str, Any]]:
+        """Eval when due, then the rollout's batch and its meta."""
+        evaluated = await self.evaluator.run(rollout_id) if self.evaluator.due(rollout_id) else {}
+        batch, filled = await self.fill(rollout_id)
+        metrics = {**filled.metrics, **evaluated}
+        metrics["rollout/weight_version"] = float(self.engine_version)
+        metrics["rollout/skipped_prompts"] = float(len(filled.skipped))
+        metrics["rollout/weights_load_time"] = load_time
+        state = self.sampler.state_dict()
+        meta = {
+            "data_state": state["data"],
+            "buffer": state["buffer"],
+            "metrics": metrics,
+            "skipped_prompts": [[p.index, p.epoch] for p in filled.skipped],
+            # Every prompt generated for this rollout, in draw order, and every group dropped, with why:
+            # with the batch and the buffer they account for each drawn prompt once.
+            "drawn_prompts": [[p.index, p.epoch] for p in filled.drawn],
+            "dropped_groups": [[group.prompt.index, group.prompt.epoch, reason.value] for group, reason in filled.dropped],
+        }
+        return batch, meta
+
     async def run(self) -> None:
-        spec = self.spec.rollout
+        spec, debug = self.spec.rollout, self.spec.debug
         start = self.resume_point()
         recorded = self.recorded_point()
-        await self.wait_for_engines()
+        if debug.train_only is None:
+            await self.wait_for_engines()
         for rollout_id in range(start, spec.num_rollouts):
-            load_time = await self.serve_version(spec.generating_version(rollout_id))
+            if debug.train_only is None:
+                version = 0 if debug.rollout_only else spec.generating_version(rollout_id)
+                load_time = await self.serve_version(version)
             # In async mode this records the rollouts trained while this one waited for its weights.
-            while recorded < rollout_id and jobenv.train_metrics_path(self.workdir, recorded).is_file():
+            while recorded < rollout_id and self.trained(recorded):
                 await self.record_trained(recorded)
                 recorded += 1
-            evaluated = await self.evaluator.run(rollout_id) if self.evaluator.due(rollout_id) else {}
-            batch, filled = await self.fill(rollout_id)
-            metrics = {**filled.metrics, **evaluated}
-            metrics["rollout/weight_version"] = float(self.engine_version)
-            metrics["rollout/skipped_prompts"] = float(len(filled.skipped))
-            metrics["rollout/weights_load_time"] = load_time
+            if debug.train_only is None:
+                batch, meta = await self.generate_rollout(rollout_id, load_time)
+            else:
+                batch, meta = read_rollout(debug.train_only, rollout_id)  # replayed as it was generated
+            meta["writer"] = self.writer()
             commit_started = time.monotonic()
-            state = self.sampler.state_dict()
-            meta = {
-                "data_state": state["data"],
-                "buffer": state["buffer"],
-                "metrics": metrics,
-                "skipped_prompts": [[p.index, p.epoch] for p in filled.skipped],
-                # Every prompt generated for this rollout, in draw order, and every group dropped, with why:
-                # with the batch and the buffer they account for each drawn prompt once.
-                "drawn_prompts": [[p.index, p.epoch] for p in filled.drawn],
-                "dropped_groups": [[group.prompt.index, group.prompt.epoch, reason.value] for group, reason in filled.dropped],
-                # Which orchestrator wrote it: the chaos checker proves one writer per rollout with it.
-                "writer": {
-                    "node": os.environ.get(jobenv.NODE),
-                    "generation": self.assignment.generation if self.assignment else None,
-                    "pid": os.getpid(),
-                },
-            }
             if self.assignment is not None:
                 await self.assignment.exit_if_superseded(self.progress.store)
             write_rollout(self.workdir, rollout_id, batch, meta)
-            commit_time = time.monotonic() - commit_started
             # Kept beside the rollout's metrics; known only once the commit is done.
-            self.commit_times[rollout_id] = commit_time
+            self.commit_times[rollout_id] = time.monotonic() - commit_started
             log.info("rollout %d committed: %d samples", rollout_id, batch.size)
         for rollout_id in range(recorded, spec.num_rollouts):
             await self.record_trained(rollout_id)

@@ -1,0 +1,49 @@
+"""Debug modes: a rollout-only job generates and commits without a trainer; a train-only job trains on
+that rollout log without an engine, the same batches in the same order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elastic_rl import jobenv
+from elastic_rl.rollout.batch import read_rollout
+from tests.integration.erld_support import erl, job_events, metrics, run_job
+
+pytestmark = [pytest.mark.integration]
+
+ROLLOUTS = 3
+SHORT = [
+    "--set", f"rollout.num_rollouts={ROLLOUTS}",
+    "--set", "rollout.prompts_per_rollout=16",
+    "--set", "trainer.global_batch_size=128",
+]  # fmt: skip
+
+
+def started(workdir) -> set[str]:
+    return {e["proc"] for e in job_events(workdir) if e["kind"] == "proc_started"}
+
+
+@pytest.mark.timeout(300)
+def test_rollout_only_then_train_only_on_its_log(daemon, tmp_path):
+    generated, trained = tmp_path / "rollouts", tmp_path / "trained"
+    run_job(daemon, generated, [*SHORT, "--set", "debug.rollout_only=true"])
+    assert not any(name.startswith(("trainer-", "spare-")) for name in started(generated))
+    lines = metrics(generated)
+    assert [line["rollout"] for line in lines] == list(range(ROLLOUTS))
+    assert not any(key.startswith("train/") for line in lines for key in line)
+    for rollout_id in range(ROLLOUTS):  # nothing trained: the engines kept the initial weights
+        assert set(read_rollout(generated, rollout_id)[0].weight_versions.tolist()) == {0}
+
+    # Fewer rollouts in the log than the job trains: named before the job starts.
+    short = erl("submit", "examples/tiny-grpo.yaml", *SHORT[:-4], "--set", "rollout.num_rollouts=5",
+                "--set", f"debug.train_only={generated}", "--workdir", str(tmp_path / "x"), "--etcd", daemon.endpoint)  # fmt: skip
+    assert short.returncode == 2 and "holds 3 committed rollouts, and the job trains 5" in short.stderr
+
+    run_job(daemon, trained, [*SHORT, "--set", f"debug.train_only={generated}"])
+    assert not any(name.startswith("engine-") for name in started(trained))
+    assert all("train/grad_norm" in line for line in metrics(trained))
+    for rollout_id in range(ROLLOUTS):
+        source, replayed = read_rollout(generated, rollout_id)[0], read_rollout(trained, rollout_id)[0]
+        assert torch.equal(source.tokens, replayed.tokens) and torch.equal(source.rewards, replayed.rewards)
+    assert jobenv.weights_dir(trained, ROLLOUTS).is_dir()
