@@ -4,8 +4,9 @@
 
 For each rollout it makes sure the engines serve the weight version the mode
 prescribes (sync: version N for rollout N; async: version N - k for
-rollout.max_staleness k, so it runs k rollouts ahead of the trainers), runs eval when it is due (``Evaluator``: its
-metrics join the rollout's line), has the ``GroupSampler`` fill it (draw,
+rollout.max_staleness k, so it runs k rollouts ahead of the trainers), runs
+eval when it is due (``Evaluator``: its metrics join the rollout's line), has
+the ``GroupSampler`` fill it (draw,
 generate, score, filter, buffer; a prompt over ``rollout.max_prompt_len``
 tokens is skipped, recorded and replaced by the next one), and commits the
 batch with the data source's and the buffer's state to ``rollouts/<N>``, with

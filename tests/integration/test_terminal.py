@@ -29,13 +29,15 @@ def start_run(daemon, workdir) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def wait_rollouts(daemon, count: int, timeout_s: float = 120) -> dict:
-    """Until the job (submitted by an `erl run` starting up meanwhile) has trained ``count`` rollouts."""
+def wait_rollouts(daemon, workdir, count: int, timeout_s: float = 120) -> dict:
+    """Until the job in ``workdir`` (submitted by an `erl run` starting up meanwhile) has trained
+    ``count`` rollouts; an earlier job of the same name does not count."""
     deadline = time.monotonic() + timeout_s
     while True:
         listed = erl("status", "tiny-grpo", "-o", "json", "--etcd", daemon.endpoint)
-        info = orjson.loads(listed.stdout) if listed.returncode == 0 else {"progress": {}}
-        if info["progress"].get("rollouts_done", 0) >= count:
+        info = orjson.loads(listed.stdout) if listed.returncode == 0 else {"progress": {}, "status": {}}
+        ours = info["status"].get("workdir") == str(workdir)
+        if ours and info["progress"].get("rollouts_done", 0) >= count:
             return info
         assert time.monotonic() < deadline, info
         time.sleep(0.3)
@@ -44,7 +46,7 @@ def wait_rollouts(daemon, count: int, timeout_s: float = 120) -> dict:
 @pytest.mark.timeout(400)
 def test_ctrl_c_a_second_erld_and_the_job_history(daemon, tmp_path):
     run = start_run(daemon, tmp_path / "first")
-    before = wait_rollouts(daemon, 1)
+    before = wait_rollouts(daemon, tmp_path / "first", 1)
     run.send_signal(signal.SIGINT)
     output, _ = run.communicate(timeout=30)
     # One Ctrl-C: erl says the job runs on and how to stop it; it does run on.
@@ -60,7 +62,7 @@ def test_ctrl_c_a_second_erld_and_the_job_history(daemon, tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert second.returncode == 2 and "held by a live erld" in second.stderr, second.stderr
-    after = wait_rollouts(daemon, before["progress"]["rollouts_done"] + 2)
+    after = wait_rollouts(daemon, tmp_path / "first", before["progress"]["rollouts_done"] + 2)
     assert {n: p["pid"] for n, p in after["procs"].items()} == {n: p["pid"] for n, p in before["procs"].items()}
     assert all(p["restarts"] == 0 for p in after["procs"].values())
 
@@ -70,7 +72,7 @@ def test_ctrl_c_a_second_erld_and_the_job_history(daemon, tmp_path):
 
     # The same name again: two quick Ctrl-Cs stop the job.
     run = start_run(daemon, tmp_path / "second")
-    wait_rollouts(daemon, 1)
+    wait_rollouts(daemon, tmp_path / "second", 1)
     run.send_signal(signal.SIGINT)
     time.sleep(1.0)
     run.send_signal(signal.SIGINT)
