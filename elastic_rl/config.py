@@ -41,12 +41,17 @@ class Component(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
+def _from_spec_folder(value: Path, info: ValidationInfo) -> Path:
+    """A relative path is taken from the spec's folder."""
+    base = (info.context or {}).get("base_dir")
+    return value if value.is_absolute() or base is None else Path(base) / value
+
+
 def _existing_file(value: Path | None, info: ValidationInfo) -> Path | None:
     """Resolve a path against the spec's folder and insist that it is a non-empty file."""
     if value is None:
         return None
-    base = (info.context or {}).get("base_dir")
-    path = value if value.is_absolute() or base is None else Path(base) / value
+    path = _from_spec_folder(value, info)
     if not path.is_file():
         raise ValueError(f"file not found: {path}; give the path of an existing file")
     if path.stat().st_size == 0:
@@ -58,8 +63,7 @@ def _existing_checkpoint(value: Path | None, info: ValidationInfo) -> Path | Non
     """Resolve a checkpoint folder against the spec's folder and insist on its config.json."""
     if value is None:
         return None
-    base = (info.context or {}).get("base_dir")
-    path = value if value.is_absolute() or base is None else Path(base) / value
+    path = _from_spec_folder(value, info)
     if not (path / CONFIG_FILE).is_file():
         raise ValueError(
             f"no HF checkpoint at {path} (no {CONFIG_FILE}); give a folder with config.json, safetensors "
@@ -485,8 +489,7 @@ class DebugSpec(Component):
     def _a_folder(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        base = (info.context or {}).get("base_dir")
-        path = value if value.is_absolute() or base is None else Path(base) / value
+        path = _from_spec_folder(value, info)
         if not path.is_dir():
             raise ValueError(f"no folder {path}: give the work dir of a job whose rollout log to train on")
         return path.resolve()
