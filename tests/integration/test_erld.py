@@ -82,6 +82,19 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
         text = engine_log.read_text()
         assert "POST /generate" in text and "GET /health" not in text and "Traceback" not in text
 
+    # The finished job plots, `erl logs -f` ends with it (here: at once), printing what the logs hold.
+    plotted = erl("plot", "tiny-grpo", "--etcd", daemon.endpoint, check=True)
+    assert (workdir / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plotted.stdout
+    followed = erl("logs", "tiny-grpo", "-f", "--proc", "orchestrator", "--etcd", daemon.endpoint, timeout=20)
+    assert followed.returncode == 0 and "rollout 29 committed" in followed.stdout
+    # A reader that goes away early gets no traceback and no failure.
+    for command in ("status tiny-grpo", "logs tiny-grpo"):
+        piped = subprocess.run(
+            ["bash", "-c", f"set -o pipefail; {sys.executable} -m elastic_rl.cli {command} --etcd {daemon.endpoint} | head -1"],
+            cwd=REPO, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert piped.returncode == 0 and piped.stderr == "" and len(piped.stdout.splitlines()) == 1, piped
+
 
 @pytest.mark.chaos  # `make chaos`, to keep `make test` under 20 minutes; each estimator's math has unit tests
 @pytest.mark.timeout(600)
@@ -94,26 +107,6 @@ def test_gspo_and_reinforce_plus_plus_learn_the_task(daemon, tmp_path):
         assert wait_phase(daemon, name, ("succeeded", "failed"), time.monotonic() + 300)["status"]["phase"] == "succeeded"
         rewards = [line["rollout/reward_mean"] for line in metrics(tmp_path / name)]
         assert len(rewards) == 30 and mean(rewards[-5:]) >= mean(rewards[:5]) + 0.5, (name, rewards)
-
-
-@pytest.mark.timeout(120)
-def test_a_finished_job_plots_pipes_and_follows_quietly(daemon, tmp_path):
-    workdir = tmp_path / "job"
-    run = erl("run", str(SPEC), "--set", "rollout.num_rollouts=4", "--workdir", str(workdir),
-              "--etcd", daemon.endpoint, timeout=100)  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    plotted = erl("plot", "tiny-grpo", "--etcd", daemon.endpoint, check=True)
-    assert (workdir / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plotted.stdout
-    # `erl logs -f` ends with the job (here: at once), printing what the logs hold.
-    followed = erl("logs", "tiny-grpo", "-f", "--proc", "orchestrator", "--etcd", daemon.endpoint, timeout=20)
-    assert followed.returncode == 0 and "rollout 3 committed" in followed.stdout
-    # A reader that goes away early gets no traceback and no failure.
-    for command in ("status tiny-grpo", "logs tiny-grpo"):
-        piped = subprocess.run(
-            ["bash", "-c", f"set -o pipefail; {sys.executable} -m elastic_rl.cli {command} --etcd {daemon.endpoint} | head -1"],
-            cwd=REPO, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-        assert piped.returncode == 0 and piped.stderr == "" and len(piped.stdout.splitlines()) == 1, piped
 
 
 @pytest.mark.timeout(600)
