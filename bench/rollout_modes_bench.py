@@ -49,7 +49,7 @@ def main() -> None:
             sync_gap = sync_gap or gap
             generated = sum(line["rollout/samples_generated"] for line in lines)
             used = sum(line["rollout/samples_used"] for line in lines)
-            left = lines[-1]["rollout/buffered_groups"] * 16  # n_samples_per_prompt of the example
+            left = lines[-1]["rollout/buffered_groups"] * orjson.loads((workdir / "spec.json").read_bytes())["rollout"]["n_samples_per_prompt"]
             print(f"| {variant} | {gap:.2f} | {gap / sync_gap:.2f} | {generated / used:.2f} | "
                   f"{(generated - used) / generated:.1%} ({left:.0f} still buffered) |", flush=True)  # fmt: skip
 

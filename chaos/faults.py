@@ -29,7 +29,8 @@ SERVICE_ROLES = ("lighthouse", "router", "orchestrator")
 
 
 class NoTarget(Exception):
-    """A fault found nothing to act on: the scenario fails rather than pass untested."""
+    """A fault found nothing to act on (the runner waits a while for one first): the scenario fails
+    rather than pass untested."""
 
 
 @dataclass

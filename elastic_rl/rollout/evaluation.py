@@ -11,7 +11,6 @@ dataset, rollout, sample) only, so a restarted orchestrator measures the same.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -21,13 +20,9 @@ from elastic_rl.config import EvalDataset, JobSpec
 from elastic_rl.rollout.data import jsonl_lines
 from elastic_rl.rollout.prompts import render
 from elastic_rl.rollout.rewards import load_reward
+from elastic_rl.rollout.sampler import derived_seed, stop_params
 
 Generate = Callable[[list[int], dict[str, Any]], Awaitable[dict[str, Any]]]
-
-
-def eval_seed(job_seed: int, dataset: str, rollout_id: int, sample_index: int) -> int:
-    digest = hashlib.sha256(f"{job_seed}/eval/{dataset}/{rollout_id}/{sample_index}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
 
 
 class Evaluator:
@@ -53,12 +48,9 @@ class Evaluator:
             "top_p": sampling.top_p,
             "top_k": sampling.top_k,
             "max_new_tokens": sampling.max_new_tokens or rollout.max_new_tokens,
-            "sampling_seed": eval_seed(self.spec.seed, dataset.name, rollout_id, index),
+            "sampling_seed": derived_seed(self.spec.seed, "eval", dataset.name, rollout_id, index),
+            **stop_params(rollout),
         }
-        if rollout.stop:
-            params["stop"] = list(rollout.stop)
-        if rollout.stop_token_ids:
-            params["stop_token_ids"] = list(rollout.stop_token_ids)
         return params
 
     async def run(self, rollout_id: int) -> dict[str, float]:

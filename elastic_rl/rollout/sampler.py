@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from enum import Enum
 from typing import Any
 
 from elastic_rl.algo.choices import AlgorithmKind
-from elastic_rl.config import JobSpec
+from elastic_rl.config import JobSpec, RolloutSpec
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import ElasticRLError
 from elastic_rl.plugins import load_function
@@ -31,8 +30,6 @@ from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, fifo
 from elastic_rl.rollout.prompts import render, render_response
 from elastic_rl.rollout.rewards import load_reward
 from policies.dynamic_sampling import ConsecutiveFailures, zero_std
-
-log = logging.getLogger("elastic_rl.orchestrator")
 
 Drawn = tuple[Prompt, list[int], list[int]]
 """A prompt, its token ids and, for SFT, its response's token ids (else empty)."""
@@ -48,9 +45,20 @@ class DropReason(Enum):
     FILTERED = "filtered"
 
 
-def sample_seed(job_seed: int, rollout_id: int, sample_index: int) -> int:
-    digest = hashlib.sha256(f"{job_seed}/{rollout_id}/{sample_index}".encode()).digest()
+def derived_seed(*parts: object) -> int:
+    """A 32-bit seed from its parts alone (job seed first): the same parts, the same seed, in any process."""
+    digest = hashlib.sha256("/".join(str(part) for part in parts).encode()).digest()
     return int.from_bytes(digest[:4], "little")
+
+
+def stop_params(rollout: RolloutSpec) -> dict[str, list]:
+    """The sampling parameters that end a response, beside the tokenizer's end-of-sequence ids."""
+    params: dict[str, list] = {}
+    if rollout.stop:
+        params["stop"] = list(rollout.stop)
+    if rollout.stop_token_ids:
+        params["stop_token_ids"] = list(rollout.stop_token_ids)
+    return params
 
 
 @dataclass
@@ -134,13 +142,10 @@ class GroupSampler:
             "top_p": spec.top_p,
             "top_k": spec.top_k,
             "max_new_tokens": spec.max_new_tokens,
+            **stop_params(spec),
         }
-        if spec.stop:
-            params["stop"] = list(spec.stop)
-        if spec.stop_token_ids:
-            params["stop_token_ids"] = list(spec.stop_token_ids)
         if spec.deterministic:
-            params["sampling_seed"] = sample_seed(self.spec.seed, rollout_id, index)
+            params["sampling_seed"] = derived_seed(self.spec.seed, rollout_id, index)
         return params
 
     async def _generate_one(self, ids: list[int], params: dict[str, Any]) -> dict[str, Any]:

@@ -66,7 +66,8 @@ class RolloutPublisher:
                     raise  # not another replica's export of the same version: a real failure
             metrics = {**metrics, "train/export_time": time.monotonic() - started}
         write_file_atomic(jobenv.train_metrics_path(self.workdir, rollout_id), orjson.dumps(metrics))
-        # Async engines load a version max_staleness behind the newest: it must outlive that many exports.
+        # Async engines load a version max_staleness behind the newest (and buffered groups wait as long):
+        # it must outlive that many exports.
         keep = max(self.spec.checkpoints.keep_weights, self.spec.rollout.staleness_bound + 1)
         prune_weights(self.workdir, keep, self.spec.engines.startup_timeout_s)
         log.info("rollout %d trained: weights version %d %s", rollout_id, version, metrics)
