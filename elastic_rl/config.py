@@ -222,11 +222,19 @@ class RolloutSpec(Component):
     buffer_filter: str = "fifo"
     """Which buffered groups a rollout takes first: fifo, or module:function taking (groups, count)
     and returning the indices of the groups to take."""
+    partial_rollout: bool = False
+    """Once a rollout has its groups, abort the requests still generating: their tokens so far wait in
+    the buffer and the next rollout generates them on. Needs max_staleness >= 1 (a continued sample
+    began with the previous rollout's weights)."""
     max_filtered_rounds: PositiveInt = 16
     """Generation rounds in a row whose every group the dynamic filter drops before the job fails."""
     max_consecutive_bad_samples: PositiveInt = 64
     """Samples in a row that cannot be scored (the reward raises or is not a finite number) before
     the job fails; fewer are skipped with their group, with an event, and counted."""
+    max_request_failures: PositiveInt = 8
+    """Times in a row one generation request may fail (each after the router's retries on other
+    engines) before the job fails; until then it is sent again with backoff (1, 2, 4 ... 30 s), and
+    each failure is counted (rollout/failed_requests)."""
     max_concurrency: PositiveInt | None = None
     """Most generation requests in flight at once; default all of a round's."""
 
@@ -263,6 +271,8 @@ class RolloutSpec(Component):
             )
         if self.mode == "async" and self.max_staleness < 1:
             raise ValueError("mode async generates with older weights than it trains: set max_staleness >= 1")
+        if self.partial_rollout and self.max_staleness < 1:
+            raise ValueError("partial_rollout continues samples begun by older weights: set max_staleness >= 1")
         if self.dynamic_filter == "zero_std" and self.n_samples_per_prompt < 2:
             raise ValueError("dynamic_filter zero_std drops every group of one sample: set n_samples_per_prompt >= 2")
         return self
@@ -279,7 +289,7 @@ class RolloutSpec(Component):
     @property
     def buffers_groups(self) -> bool:
         """Whether groups may be left over from one rollout for a later one."""
-        return self.dynamic_filter is not None or self.round_size > self.prompts_per_rollout
+        return self.dynamic_filter is not None or self.round_size > self.prompts_per_rollout or self.partial_rollout
 
     def generating_version(self, rollout_id: int) -> int:
         """The weight version that generates a rollout: a function of its id and the spec only, so a
@@ -588,8 +598,8 @@ class JobSpec(Component):
             raise ValueError("algorithm.kind sft trains each (prompt, response) pair once: set rollout.n_samples_per_prompt to 1")
         if self.algorithm.kind is AlgorithmKind.SFT and self.rollout.buffers_groups:
             raise ValueError(
-                "algorithm.kind sft generates nothing to filter or buffer: remove rollout.dynamic_filter and "
-                "rollout.over_sampling_batch_size"
+                "algorithm.kind sft generates nothing to filter or buffer: remove rollout.dynamic_filter, "
+                "rollout.over_sampling_batch_size and rollout.partial_rollout"
             )
         return self
 

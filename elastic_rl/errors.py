@@ -21,3 +21,7 @@ class InputError(ElasticRLError):
 
 class EngineError(ElasticRLError):
     """An inference engine or the router answered with an error or not at all."""
+
+
+class GaveUp(ElasticRLError):
+    """A failure budget of the rollout side ran out: the job fails, with this as its reason."""

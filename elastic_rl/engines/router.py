@@ -11,12 +11,15 @@ generation survives the death of the engine that was serving it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 from typing import Any
 
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.errors import EngineError
+
+log = logging.getLogger("elastic_rl.router")
 
 
 def router_command(
@@ -56,6 +59,14 @@ class RouterClient(EngineClient):
 
     async def worker_urls(self) -> set[str]:
         return {worker["url"] for worker in await self.list_workers()}
+
+    async def abort_on_every_worker(self) -> None:
+        """Abort every request the engines hold; they answer with what they generated so far."""
+        for url in sorted(await self.worker_urls()):
+            try:
+                await EngineClient(url).abort(abort_all=True)
+            except EngineError as exc:  # a dying engine: the router retries its requests elsewhere
+                log.warning("could not abort the requests on %s: %s", url, exc)
 
     async def add_worker(self, url: str, timeout_s: float = 60.0) -> None:
         """Register an engine and wait until the router lists it."""

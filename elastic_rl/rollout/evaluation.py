@@ -20,7 +20,7 @@ from elastic_rl.config import EvalDataset, JobSpec
 from elastic_rl.rollout.data import jsonl_lines
 from elastic_rl.rollout.prompts import render
 from elastic_rl.rollout.rewards import load_reward
-from elastic_rl.rollout.sampler import derived_seed, stop_params
+from elastic_rl.rollout.generation import derived_seed, stop_params
 
 Generate = Callable[[list[int], dict[str, Any]], Awaitable[dict[str, Any]]]
 

@@ -2,18 +2,20 @@
 that carries groups from one rollout to the next.
 
 A group is one prompt's ``n_samples_per_prompt`` responses, each with its
-tokens, the engine's log probs, the weight version that made it, how it ended
-and its reward (None when the reward could not be computed). Groups a rollout
-generated beyond its need wait in the ``GroupBuffer``. The buffer is committed
-with every rollout (in its meta.json, beside the data source's state), so a
-restarted orchestrator takes up exactly the groups the lost one held: nothing
-generated is lost or trained twice.
+tokens, the engine's log probs, the weight version of each segment that made
+it, its status and its reward (None when the reward could not be computed).
+Groups a rollout generated beyond its need wait in the ``GroupBuffer``, and so
+do groups a partial rollout aborted mid-generation, to be continued by the next
+rollout. The buffer is committed with every rollout (in its meta.json, beside
+the data source's state), so a restarted orchestrator takes up exactly the
+groups the lost one held: nothing generated is lost or trained twice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any
 
 import torch
@@ -25,16 +27,71 @@ BufferChoice = Callable[[list["Group"], int], list[int]]
 """Given the buffered groups and how many a rollout wants, the indices of those it takes."""
 
 
+class SampleStatus(Enum):
+    COMPLETED = "completed"
+    """Ended by an end-of-sequence token or a stop string."""
+    TRUNCATED = "truncated"
+    """Ended at rollout.max_new_tokens."""
+    ABORTED = "aborted"
+    """Stopped by a partial rollout; the next rollout continues it."""
+
+    @classmethod
+    def from_finish_reason(cls, reason: str) -> SampleStatus:
+        """From the engine's finish reason (SGLang's: stop, length or abort)."""
+        return {"stop": cls.COMPLETED, "length": cls.TRUNCATED, "abort": cls.ABORTED}[reason]
+
+
+@dataclass
+class Segment:
+    """Tokens of a sample generated in one request, by one weight version."""
+
+    version: int
+    tokens: int
+
+
 @dataclass
 class Sample:
     output_ids: list[int]
     logprobs: list[float]
-    version: int
-    """The weight version that generated it."""
-    finish: str
-    """How generation ended (the engine's finish reason): stop, length or abort."""
+    """The engine's log prob of each output token, whichever segment made it."""
+    segments: list[Segment]
+    status: SampleStatus
     reward: float | None = None
     """None: the reward function raised, or returned something other than a finite number."""
+
+    @property
+    def version(self) -> int | None:
+        """The weight version that began it (the oldest); None before its first token."""
+        return self.segments[0].version if self.segments else None
+
+    @property
+    def finished(self) -> bool:
+        return self.status is not SampleStatus.ABORTED
+
+    def continued(self, output_ids: list[int], logprobs: list[float], version: int, status: SampleStatus) -> Sample:
+        """This sample with what one more request generated."""
+        segments = list(self.segments)
+        if output_ids or status is not SampleStatus.ABORTED:  # a finished sample has a version, even if empty
+            segments.append(Segment(version, len(output_ids)))
+        return Sample(self.output_ids + output_ids, self.logprobs + logprobs, segments, status)
+
+    @classmethod
+    def unstarted(cls) -> Sample:
+        """A sample no request has generated yet."""
+        return cls([], [], [], SampleStatus.ABORTED)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "status": self.status.value}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Sample:
+        return cls(
+            list(data["output_ids"]),
+            list(data["logprobs"]),
+            [Segment(**segment) for segment in data["segments"]],
+            SampleStatus(data["status"]),
+            data["reward"],
+        )
 
 
 @dataclass
@@ -52,15 +109,24 @@ class Group:
         return all(reward is not None for reward in self.rewards)
 
     @property
-    def oldest_version(self) -> int:
-        return min(sample.version for sample in self.samples)
+    def finished(self) -> bool:
+        """Every sample generated to its end: the group can be scored (else a partial rollout aborted it)."""
+        return all(sample.finished for sample in self.samples)
+
+    @property
+    def oldest_version(self) -> int | None:
+        return min((sample.version for sample in self.samples if sample.version is not None), default=None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"prompt": asdict(self.prompt), "prompt_ids": self.prompt_ids, "samples": [asdict(s) for s in self.samples]}
+        return {
+            "prompt": asdict(self.prompt),
+            "prompt_ids": self.prompt_ids,
+            "samples": [sample.to_json() for sample in self.samples],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Group:
-        return cls(Prompt(**data["prompt"]), list(data["prompt_ids"]), [Sample(**s) for s in data["samples"]])
+        return cls(Prompt(**data["prompt"]), list(data["prompt_ids"]), [Sample.from_json(s) for s in data["samples"]])
 
 
 def fifo(groups: list[Group], count: int) -> list[int]:
@@ -76,20 +142,30 @@ class GroupBuffer:
         return len(self.groups)
 
     def drop_older_than(self, version: int) -> list[Group]:
-        """Remove and return the groups with a sample generated before ``version``."""
-        stale = [group for group in self.groups if group.oldest_version < version]
-        self.groups = [group for group in self.groups if group.oldest_version >= version]
+        """Remove and return the groups with a segment generated before ``version``."""
+        stale = [group for group in self.groups if group.oldest_version is not None and group.oldest_version < version]
+        self._remove(stale)
         return stale
 
     def take(self, count: int, choose: BufferChoice = fifo) -> list[Group]:
-        """Remove and return up to ``count`` groups, the ones ``choose`` picks, in its order."""
-        picked = list(dict.fromkeys(choose(list(self.groups), count)))[:count]
-        if any(not 0 <= index < len(self.groups) for index in picked):
-            raise ValueError(f"rollout.buffer_filter picked {picked} from {len(self.groups)} buffered groups")
-        taken = [self.groups[index] for index in picked]
-        left = set(range(len(self.groups))) - set(picked)
-        self.groups = [group for index, group in enumerate(self.groups) if index in left]
+        """Remove and return up to ``count`` finished groups, the ones ``choose`` picks, in its order."""
+        finished = [group for group in self.groups if group.finished]
+        picked = list(dict.fromkeys(choose(list(finished), count)))[:count]
+        if any(not isinstance(index, int) or not 0 <= index < len(finished) for index in picked):
+            raise ValueError(f"rollout.buffer_filter picked {picked} from {len(finished)} buffered groups")
+        taken = [finished[index] for index in picked]
+        self._remove(taken)
         return taken
+
+    def take_unfinished(self, count: int) -> list[Group]:
+        """Remove and return up to ``count`` groups a partial rollout aborted, the oldest first."""
+        taken = [group for group in self.groups if not group.finished][:count]
+        self._remove(taken)
+        return taken
+
+    def _remove(self, groups: list[Group]) -> None:
+        gone = {id(group) for group in groups}
+        self.groups = [group for group in self.groups if id(group) not in gone]
 
     def add(self, groups: list[Group]) -> None:
         self.groups.extend(groups)

@@ -38,6 +38,7 @@ from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
+from elastic_rl.errors import GaveUp, SpecError
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
 from elastic_rl.rollout.batch import RolloutBatch, read_rollout, write_rollout
@@ -45,7 +46,7 @@ from elastic_rl.rollout.evaluation import Evaluator
 from elastic_rl.rollout.groups import to_batch
 from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.progress import ProgressReporter
-from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GaveUp, GroupSampler
+from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GroupSampler
 from policies.exits import EXIT_GAVE_UP
 
 log = logging.getLogger("elastic_rl.orchestrator")
@@ -289,7 +290,8 @@ async def amain() -> None:
     async with ProgressReporter.connect(env.job, endpoint, env.workdir) as progress:
         try:
             await Orchestrator(env, router, progress, assignment).run()
-        except GaveUp as exc:
+        # A user's function that cannot be imported fails the same way after every restart.
+        except (GaveUp, SpecError) as exc:
             log.error("giving up: %s", exc)
             await progress.give_up(str(exc))
             sys.exit(EXIT_GAVE_UP)

@@ -7,13 +7,20 @@ the rollout has ``prompts_per_rollout`` groups that could be scored and that
 ``rollout.dynamic_filter`` keeps. What it drops is returned with the reason
 (stale, unscorable, filtered); what is left over stays in the buffer. A
 sample's seed depends on (job seed, rollout, round, sample) only, so a
-restarted orchestrator generates exactly what the lost one would have.
+restarted orchestrator generates exactly what the lost one would have
+(``generation.GroupGenerator`` sends the requests).
+
+With ``rollout.partial_rollout`` a round's groups are sorted as they finish;
+once the rollout is full the requests still out are aborted, and their groups,
+with the tokens made so far, wait in the buffer. The next rollout generates
+them on first (each sample keeps its segments' log probs and weight versions),
+then fills the round with new prompts. Which requests an abort catches depends
+on timing, so a partial rollout is not reproducible bitwise; what it commits is.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -21,44 +28,28 @@ from enum import Enum
 from typing import Any
 
 from elastic_rl.algo.choices import AlgorithmKind
-from elastic_rl.config import JobSpec, RolloutSpec
+from elastic_rl.config import JobSpec
 from elastic_rl.engines.router import RouterClient
-from elastic_rl.errors import ElasticRLError
+from elastic_rl.errors import GaveUp
 from elastic_rl.plugins import load_function
 from elastic_rl.rollout.data import DataSource, Prompt
+from elastic_rl.rollout.generation import GroupGenerator, Work
 from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, fifo
 from elastic_rl.rollout.prompts import render, render_response
 from elastic_rl.rollout.rewards import load_reward
 from policies.dynamic_sampling import ConsecutiveFailures, zero_std
 
+ABORT_REPEAT_S = 0.1
+"""How often a partial rollout aborts again while requests are still out (one may reach its engine late)."""
+
 Drawn = tuple[Prompt, list[int], list[int]]
 """A prompt, its token ids and, for SFT, its response's token ids (else empty)."""
-
-
-class GaveUp(ElasticRLError):
-    """A failure budget ran out: the job fails, with this as its reason."""
 
 
 class DropReason(Enum):
     STALE = "stale"
     UNSCORABLE = "unscorable"
     FILTERED = "filtered"
-
-
-def derived_seed(*parts: object) -> int:
-    """A 32-bit seed from its parts alone (job seed first): the same parts, the same seed, in any process."""
-    digest = hashlib.sha256("/".join(str(part) for part in parts).encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
-def stop_params(rollout: RolloutSpec) -> dict[str, list]:
-    """The sampling parameters that end a response, beside the tokenizer's end-of-sequence ids."""
-    params: dict[str, list] = {}
-    if rollout.stop:
-        params["stop"] = list(rollout.stop)
-    if rollout.stop_token_ids:
-        params["stop_token_ids"] = list(rollout.stop_token_ids)
-    return params
 
 
 @dataclass
@@ -72,6 +63,11 @@ class Filled:
     dropped: list[tuple[Group, DropReason]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     """Why samples could not be scored, one line each."""
+    finished_groups: int = 0
+    """Groups generated to their end in this rollout (kept, dropped or buffered)."""
+    continued_groups: int = 0
+    """Groups an earlier partial rollout aborted, generated on in this one."""
+    aborted_samples: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -87,8 +83,7 @@ class GroupSampler:
         choice = spec.rollout.buffer_filter
         self.choose = fifo if choice == "fifo" else load_function("rollout.buffer_filter", choice)
         self.bad_data = ConsecutiveFailures(spec.rollout.max_consecutive_bad_samples)
-        concurrency = spec.rollout.max_concurrency
-        self.in_flight = asyncio.Semaphore(concurrency) if concurrency else None
+        self.generator = GroupGenerator(spec, router)
 
     @staticmethod
     def _group_filter(name: str | None):
@@ -135,67 +130,100 @@ class GroupSampler:
 
     # --- generating ---------------------------------------------------------------------
 
-    def sampling_params(self, rollout_id: int, index: int) -> dict[str, Any]:
-        spec = self.spec.rollout
-        params: dict[str, Any] = {
-            "temperature": spec.temperature,
-            "top_p": spec.top_p,
-            "top_k": spec.top_k,
-            "max_new_tokens": spec.max_new_tokens,
-            **stop_params(spec),
-        }
-        if spec.deterministic:
-            params["sampling_seed"] = derived_seed(self.spec.seed, rollout_id, index)
-        return params
-
-    async def _generate_one(self, ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
-        if self.in_flight is None:
-            return await self.router.generate(ids, params)
-        async with self.in_flight:
-            return await self.router.generate(ids, params)
-
-    async def generate_round(
-        self, rollout_id: int, round_index: int, prompts: list[Drawn], errors: list[str]
-    ) -> tuple[list[Group], list[dict[str, Any]]]:
-        """One round's groups, scored; and the engine's results (for the throughput metrics)."""
+    def _new_groups(self, rollout_id: int, round_index: int, prompts: list[Drawn]) -> list[Work]:
         n = self.spec.rollout.n_samples_per_prompt
         first = round_index * self.spec.rollout.round_size * n  # round 0 seeds as a rollout without rounds
-        requests = [
-            (ids, self.sampling_params(rollout_id, first + number * n + sample))
-            for number, (_, ids, _) in enumerate(prompts)
-            for sample in range(n)
-        ]
-        results = await asyncio.gather(*(self._generate_one(ids, params) for ids, params in requests))
-        groups = []
-        for number, (prompt, ids, _) in enumerate(prompts):
-            samples = [self._scored(prompt, result, errors) for result in results[number * n : (number + 1) * n]]
-            groups.append(Group(prompt, ids, samples))
-        return groups, list(results)
-
-    def _scored(self, prompt: Prompt, result: dict[str, Any], errors: list[str]) -> Sample:
-        meta = result["meta_info"]
-        sample = Sample(
-            output_ids=list(result["output_ids"]),
-            logprobs=[entry[0] for entry in meta["output_token_logprobs"]],
-            version=int(meta["weight_version"]),
-            finish=meta["finish_reason"]["type"],
-        )
-        response = self.tokenizer.decode(sample.output_ids, skip_special_tokens=True)
-        try:
-            reward = float(self.reward(prompt.text, response, prompt.label))
-        except Exception as exc:  # a user's reward function: any error is bad data, not a dead job
-            errors.append(f"prompt {prompt.index}: the reward raised {type(exc).__name__}: {exc}")
-            reward = None
-        if reward is not None and not math.isfinite(reward):
-            errors.append(f"prompt {prompt.index}: the reward is {reward}")
-            reward = None
-        sample.reward = reward
-        if self.bad_data.record(reward is None):
-            raise GaveUp(
-                f"{self.bad_data.count} samples in a row could not be scored "
-                f"(rollout.max_consecutive_bad_samples); the last: {errors[-1]}"
+        return [
+            Work(
+                Group(prompt, ids, [Sample.unstarted() for _ in range(n)]),
+                [(rollout_id, first + number * n + sample) for sample in range(n)],
             )
-        return sample
+            for number, (prompt, ids, _) in enumerate(prompts)
+        ]
+
+    def _continued_groups(self, rollout_id: int, groups: list[Group]) -> list[Work]:
+        return [
+            Work(
+                group,
+                [(rollout_id, "continued", group.prompt.epoch, group.prompt.index, i) for i in range(len(group.samples))],
+                continued=True,
+            )
+            for group in groups
+        ]
+
+    def _score(self, group: Group, errors: list[str]) -> Group:
+        """The group with each sample's reward; an unscorable one gets None and a line in ``errors``."""
+        for sample in group.samples:
+            response = self.tokenizer.decode(sample.output_ids, skip_special_tokens=True)
+            prompt = group.prompt
+            try:
+                reward = float(self.reward(prompt.text, response, prompt.label))
+            except Exception as exc:  # a user's reward function: any error is bad data, not a dead job
+                errors.append(f"prompt {prompt.index}: the reward raised {type(exc).__name__}: {exc}")
+                reward = None
+            if reward is not None and not math.isfinite(reward):
+                errors.append(f"prompt {prompt.index}: the reward is {reward}")
+                reward = None
+            sample.reward = reward
+            if self.bad_data.record(reward is None):
+                raise GaveUp(
+                    f"{self.bad_data.count} samples in a row could not be scored "
+                    f"(rollout.max_consecutive_bad_samples); the last: {errors[-1]}"
+                )
+        return group
+
+    def _sort(self, group: Group, filled: Filled) -> bool:
+        """Buffer an aborted group; score a finished one and keep it or drop it (recorded with why).
+        True if kept."""
+        if not group.finished:
+            self.buffer.add([group])
+            filled.aborted_samples += sum(not sample.finished for sample in group.samples)
+            return False
+        filled.finished_groups += 1
+        self._score(group, filled.errors)
+        if not group.scored:
+            filled.dropped.append((group, DropReason.UNSCORABLE))
+        elif self.keep is not None and not self._kept(group):
+            filled.dropped.append((group, DropReason.FILTERED))
+        else:
+            filled.groups.append(group)
+            return True
+        return False
+
+    def _kept(self, group: Group) -> bool:
+        try:
+            return bool(self.keep(group))
+        except Exception as exc:  # a user's filter: it would fail the same way after a restart
+            name = self.spec.rollout.dynamic_filter
+            raise GaveUp(f"rollout.dynamic_filter {name} raised {type(exc).__name__}: {exc}") from exc
+
+    async def _generate_round(self, work: list[Work], filled: Filled, results: list) -> int:
+        """Generate a round to its end and sort its groups in draw order; return how many were kept."""
+        groups = await asyncio.gather(*(self.generator.generate(item, results) for item in work))
+        return sum(self._sort(group, filled) for group in groups)
+
+    async def _generate_round_partially(self, work: list[Work], filled: Filled, results: list, wanted: int) -> int:
+        """Sort groups as they finish; once the rollout has ``wanted``, abort the rest into the buffer.
+
+        Groups continued from an earlier rollout are generated to their end first: aborted twice, a
+        sample would outlive max_staleness and its tokens would be lost.
+        """
+        tasks = {asyncio.ensure_future(self.generator.generate(item, results)): item.continued for item in work}
+        pending = set(tasks)
+        kept = 0
+        generator = self.generator
+        generator.full = False
+        while pending:
+            aborting = generator.full and not any(tasks[task] for task in pending)
+            done, pending = await asyncio.wait(pending, timeout=ABORT_REPEAT_S if aborting else None,
+                                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            kept += sum(self._sort(task.result(), filled) for task in done)
+            generator.full = len(filled.groups) >= wanted  # from now on only continued groups' requests are sent
+            if pending and generator.full and not any(tasks[task] for task in pending):
+                # Repeated: a request may reach its engine after the previous abort.
+                await generator.abort()
+        generator.full = False
+        return kept
 
     # --- filling a rollout -------------------------------------------------------------------
 
@@ -203,46 +231,61 @@ class GroupSampler:
         spec = self.spec.rollout
         wanted = spec.prompts_per_rollout
         filled = Filled([])
-        stale = self.buffer.drop_older_than(rollout_id - spec.staleness_bound)
+        self.generator.failed_requests = 0
+        oldest_allowed = min(rollout_id - spec.staleness_bound, spec.generating_version(rollout_id))
+        stale = self.buffer.drop_older_than(oldest_allowed)
         filled.dropped += [(group, DropReason.STALE) for group in stale]
-        filled.groups = self.buffer.take(wanted, self.choose)
+        try:
+            filled.groups = self.buffer.take(wanted, self.choose)
+        except Exception as exc:  # a user's buffer filter: it would fail the same way after a restart
+            raise GaveUp(f"rollout.buffer_filter {spec.buffer_filter} failed: {type(exc).__name__}: {exc}") from exc
         from_buffer = len(filled.groups)
         started = time.monotonic()
         results: list[dict[str, Any]] = []
         rounds = empty_rounds = 0
         while len(filled.groups) < wanted:
-            prompts, skipped = self.draw(spec.round_size)
+            # A partial rollout first continues what the last one aborted, and new prompts fill the round
+            # up to round_size groups in play: more would be left over, and go stale in the buffer.
+            continued = self._continued_groups(rollout_id, self.buffer.take_unfinished(spec.round_size))
+            in_play = len(continued) + (len(filled.groups) if spec.partial_rollout else 0)
+            prompts, skipped = self.draw(max(0, spec.round_size - in_play))
             filled.skipped += skipped
             filled.drawn += [prompt for prompt, _, _ in prompts]
-            groups, round_results = await self.generate_round(rollout_id, rounds, prompts, filled.errors)
-            results += round_results
+            filled.continued_groups += len(continued)
+            work = continued + self._new_groups(rollout_id, rounds, prompts)
+            if spec.partial_rollout:
+                kept = await self._generate_round_partially(work, filled, results, wanted)
+            else:
+                kept = await self._generate_round(work, filled, results)
             rounds += 1
-            kept = 0
-            for group in groups:
-                if not group.scored:
-                    filled.dropped.append((group, DropReason.UNSCORABLE))
-                elif self.keep is not None and not self.keep(group):
-                    filled.dropped.append((group, DropReason.FILTERED))
-                else:
-                    filled.groups.append(group)
-                    kept += 1
             empty_rounds = 0 if kept else empty_rounds + 1
             if empty_rounds >= spec.max_filtered_rounds:
-                raise GaveUp(
-                    f"{empty_rounds} generation rounds in a row kept no group (rollout.max_filtered_rounds): "
-                    f"rollout.dynamic_filter {spec.dynamic_filter} drops everything the model generates"
-                )
+                raise GaveUp(self._why_nothing_kept(empty_rounds, filled))
+        if spec.partial_rollout:  # the oldest train first: left in the buffer, they would go stale soonest
+            filled.groups.sort(key=lambda group: group.oldest_version)
         self.buffer.add(filled.groups[wanted:])
         filled.groups = filled.groups[:wanted]
         filled.metrics = self._metrics(filled, results, rounds, from_buffer, time.monotonic() - started)
         return filled
+
+    def _why_nothing_kept(self, rounds: int, filled: Filled) -> str:
+        unscorable = sum(1 for _, reason in filled.dropped if reason is DropReason.UNSCORABLE)
+        filtered = sum(1 for _, reason in filled.dropped if reason is DropReason.FILTERED)
+        why = []
+        if filtered:
+            why.append(f"rollout.dynamic_filter {self.spec.rollout.dynamic_filter} dropped {filtered} group(s)")
+        if unscorable:
+            why.append(f"{unscorable} group(s) could not be scored (the first: {filled.errors[0]})")
+        return (
+            f"{rounds} generation rounds in a row kept no group (rollout.max_filtered_rounds): "
+            + ("; ".join(why) or "every group was aborted")
+        )
 
     def _metrics(self, filled: Filled, results: list[dict], rounds: int, from_buffer: int, elapsed: float) -> dict[str, float]:
         n = self.spec.rollout.n_samples_per_prompt
         rewards = [reward for group in filled.groups for reward in group.rewards]
         lengths = [len(sample.output_ids) for group in filled.groups for sample in group.samples]
         mean = sum(rewards) / len(rewards)
-        generated_groups = len(results) // n
         filtered = sum(1 for _, reason in filled.dropped if reason is DropReason.FILTERED)
         metrics = {
             "rollout/reward_mean": mean,
@@ -251,12 +294,16 @@ class GroupSampler:
             "rollout/response_length_max": float(max(lengths)),
             "rollout/time": elapsed,
             "rollout/generation_rounds": float(rounds),
-            "rollout/samples_generated": float(len(results)),
+            "rollout/samples_generated": float(filled.finished_groups * n),
             "rollout/samples_used": float(len(rewards)),
+            "rollout/generated_tokens": float(sum(len(r["output_ids"]) for r in results)),
             "rollout/groups_from_buffer": float(from_buffer),
             "rollout/buffered_groups": float(len(self.buffer)),
-            "rollout/filtered_fraction": filtered / generated_groups if generated_groups else 0.0,
+            "rollout/filtered_fraction": filtered / filled.finished_groups if filled.finished_groups else 0.0,
+            "rollout/aborted_samples": float(filled.aborted_samples),
+            "rollout/continued_groups": float(filled.continued_groups),
             "rollout/unscorable_samples": float(len(filled.errors)),
+            "rollout/failed_requests": float(self.generator.failed_requests),
         }
         if results:
             longest = max(results, key=lambda r: r["meta_info"]["completion_tokens"])

@@ -11,11 +11,12 @@ import random
 import pytest
 
 from elastic_rl.config import validate_spec
-from elastic_rl.errors import SpecError
+from elastic_rl.errors import EngineError, GaveUp, SpecError
+from elastic_rl.rollout import generation
 from elastic_rl.model.tokenizer import load_tokenizer
 from elastic_rl.rollout.data import Prompt
-from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, to_batch
-from elastic_rl.rollout.sampler import DropReason, GaveUp, GroupSampler
+from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, SampleStatus, Segment, to_batch
+from elastic_rl.rollout.sampler import DropReason, GroupSampler
 from policies.dynamic_sampling import ConsecutiveFailures, zero_std
 from policies.exits import EXIT_GAVE_UP, ExitAction, ExitFacts, decide_exit
 from policies.restart import RestartPolicy
@@ -63,7 +64,7 @@ def sampler(job) -> tuple[GroupSampler, FakeRouter]:
 
 
 def group(index: int, rewards: list[float | None], version: int = 0) -> Group:
-    samples = [Sample([5], [-1.0], version, "stop", reward) for reward in rewards]
+    samples = [Sample([5], [-1.0], [Segment(version, 1)], SampleStatus.COMPLETED, reward) for reward in rewards]
     return Group(Prompt(index, 0, f"{index}=", str(index)), [1, 2], samples)
 
 
@@ -142,6 +143,34 @@ def test_unscorable_groups_are_skipped_and_a_spent_budget_gives_up(monkeypatch):
         asyncio.run(groups_sampler.fill(1))
 
 
+class FailingRouter(FakeRouter):
+    """The fake router, whose first ``failures`` requests fail as an unreachable router's would."""
+
+    def __init__(self, tokenizer, failures: int):
+        super().__init__(tokenizer)
+        self.failures = failures
+
+    async def generate(self, ids, params):
+        if self.failures:
+            self.failures -= 1
+            raise EngineError("POST http://127.0.0.1:1/generate failed after 16 attempts: connection refused")
+        return await super().generate(ids, params)
+
+
+def test_failed_requests_are_sent_again_until_their_budget_runs_out(monkeypatch):
+    monkeypatch.setattr(generation, "REQUEST_BACKOFF_S", 0.001)
+    job = spec(max_request_failures=3)
+    tokenizer = load_tokenizer(job.model)
+    flaky = GroupSampler(job, tokenizer, FailingRouter(tokenizer, failures=5))
+    filled = asyncio.run(flaky.fill(0))
+    assert len(filled.groups) == 4 and filled.metrics["rollout/failed_requests"] == 5
+    assert filled.metrics["rollout/samples_generated"] == 16  # nothing dropped: every request answered in the end
+
+    down = GroupSampler(job, tokenizer, FailingRouter(tokenizer, failures=10_000))
+    with pytest.raises(GaveUp, match=r"failed 3 times in a row \(rollout.max_request_failures\); the last: POST"):
+        asyncio.run(down.fill(0))
+
+
 def test_a_filter_that_keeps_nothing_gives_up():
     job = spec(dynamic_filter="tests.unit.test_dynamic_sampling:keep_nothing", max_filtered_rounds=3)
     groups_sampler, router = sampler(job)
@@ -179,3 +208,22 @@ def test_async_generates_exactly_max_staleness_versions_behind():
     assert [spec(mode="async", max_staleness=2).rollout.generating_version(r) for r in range(4)] == [0, 0, 0, 1]
     with pytest.raises(SpecError, match="mode async .* set max_staleness >= 1"):
         spec(mode="async", max_staleness=0)
+
+
+def filter_that_raises(group: Group) -> bool:
+    raise KeyError("score")
+
+
+def buffer_filter_out_of_range(groups: list[Group], count: int) -> list[int]:
+    return [len(groups) + 5]
+
+
+def test_a_users_filter_that_fails_gives_up_with_its_name():
+    raising = spec(dynamic_filter="tests.unit.test_dynamic_sampling:filter_that_raises")
+    with pytest.raises(GaveUp, match="rollout.dynamic_filter .*filter_that_raises raised KeyError"):
+        asyncio.run(sampler(raising)[0].fill(0))
+    out_of_range = spec(buffer_filter="tests.unit.test_dynamic_sampling:buffer_filter_out_of_range")
+    groups_sampler, _ = sampler(out_of_range)
+    groups_sampler.buffer.add([group(60, [1.0, 0.0, 0.0, 0.0])])
+    with pytest.raises(GaveUp, match=r"rollout.buffer_filter .* failed: ValueError: .*picked \[6\] from 1"):
+        asyncio.run(groups_sampler.fill(0))

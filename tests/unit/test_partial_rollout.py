@@ -1,0 +1,141 @@
+"""Partial rollout: once a rollout is full the requests still out are aborted, their groups wait in
+the buffer with the tokens made so far, and the next rollout generates them on, each segment keeping
+its log probs and weight version; across rollouts every group is trained, dropped or buffered once.
+Generation is a fake router whose requests make one token per tick and stop when aborted."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from elastic_rl.config import validate_spec
+from elastic_rl.errors import SpecError
+from elastic_rl.model.tokenizer import load_tokenizer
+from elastic_rl.rollout.groups import SampleStatus
+from elastic_rl.rollout.sampler import GroupSampler
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+MAX_NEW_TOKENS = 12
+
+
+def spec(**rollout):
+    return validate_spec({
+        "name": "t",
+        "data": {"task": "toy_copy", "num_prompts": 64},
+        "rollout": {"prompts_per_rollout": 4, "n_samples_per_prompt": 2, "max_new_tokens": MAX_NEW_TOKENS,
+                    "deterministic": True, "over_sampling_batch_size": 8, "partial_rollout": True, **rollout},
+        "trainer": {"global_batch_size": 8, "micro_batch_size": 8},
+    })  # fmt: skip
+
+
+class FakeStreamingRouter:
+    """A fake of the router: a request makes one token per tick, up to a length drawn from its seed,
+    and ends early with finish reason abort when aborted."""
+
+    def __init__(self, tokenizer):
+        self.token = tokenizer.convert_tokens_to_ids("1")
+        self.version = 0
+        self.aborts = 0
+        self.inputs: list[list[int]] = []
+
+    async def generate(self, ids, params):
+        self.inputs.append(list(ids))
+        length = min(random.Random(params["sampling_seed"]).randint(1, MAX_NEW_TOKENS), params["max_new_tokens"])
+        version, output, reason = self.version, [], "length"
+        aborts_before = self.aborts
+        while len(output) < length:
+            if self.aborts != aborts_before:  # aborted while held
+                reason = "abort"
+                break
+            await asyncio.sleep(0.002)
+            output.append(self.token)
+        return {
+            "output_ids": output,
+            "meta_info": {
+                "output_token_logprobs": [[-0.5 - version, token, None] for token in output],
+                "weight_version": str(version),
+                "finish_reason": {"type": reason},
+                "completion_tokens": len(output),
+                "e2e_latency": 0.01,
+            },
+        }
+
+    async def abort_on_every_worker(self):
+        self.aborts += 1
+
+
+def fill(sampler: GroupSampler, router: FakeStreamingRouter, rollout_id: int):
+    router.version = rollout_id
+    return asyncio.run(sampler.fill(rollout_id))
+
+
+def test_aborted_groups_wait_with_their_tokens_and_are_continued_first():
+    job = spec()
+    tokenizer = load_tokenizer(job.model)
+    router = FakeStreamingRouter(tokenizer)
+    sampler = GroupSampler(job, tokenizer, router)
+
+    first = fill(sampler, router, 0)
+    assert len(first.groups) == 4 and all(group.finished for group in first.groups)
+    assert router.aborts >= 1 and first.metrics["rollout/aborted_samples"] > 0
+    unfinished = [group for group in sampler.buffer.groups if not group.finished]
+    assert unfinished
+    samples = {(g.prompt.index, i): s for g in unfinished for i, s in enumerate(g.samples)}
+    started = {key: s for key, s in samples.items() if s.output_ids and s.status is SampleStatus.ABORTED}
+    done = {key: s for key, s in samples.items() if s.finished}
+    assert started and all(s.version == 0 for s in started.values())
+
+    # A restarted orchestrator resumes from the committed state: the same buffer, tokens and all.
+    restarted = GroupSampler(job, tokenizer, router)
+    state = sampler.state_dict()
+    restarted.load_state_dict(state["data"], state["buffer"])
+    assert restarted.buffer.to_json() == sampler.buffer.to_json()
+
+    router.inputs.clear()
+    second = fill(restarted, router, 1)
+    assert second.metrics["rollout/continued_groups"] == len(unfinished)
+    continued = {(g.prompt.index, i): s for g in second.groups for i, s in enumerate(g.samples)}
+    assert started.keys() & continued.keys()  # with their head start, aborted samples finish first
+    for key, before in started.items():
+        if key in continued:  # generated on from where it stopped: its old tokens and log probs, then the new
+            after = continued[key]
+            assert after.output_ids[: len(before.output_ids)] == before.output_ids
+            assert after.logprobs[: len(before.logprobs)] == before.logprobs
+            assert [segment.version for segment in after.segments][0] == 0
+            assert sum(segment.tokens for segment in after.segments) == len(after.output_ids)
+    for key, before in done.items():  # a sample that had finished is not generated again
+        if key in continued:
+            assert continued[key].output_ids == before.output_ids and continued[key].segments == before.segments
+    resumed_inputs = [ids for ids in router.inputs if len(ids) > 2]  # prompt ids plus tokens made before
+    assert resumed_inputs
+    assert len({g.prompt.index for g in second.groups}) == 4
+
+
+def test_every_group_is_trained_or_buffered_once_and_no_token_is_lost():
+    job = spec()
+    tokenizer = load_tokenizer(job.model)
+    router = FakeStreamingRouter(tokenizer)
+    sampler = GroupSampler(job, tokenizer, router)
+    drawn, accounted, aborted = [], [], 0
+    for rollout_id in range(8):
+        filled = fill(sampler, router, rollout_id)
+        assert len(filled.groups) == 4  # every rollout full
+        aborted += filled.metrics["rollout/aborted_samples"]
+        drawn += [p.index for p in filled.drawn]
+        accounted += [g.prompt.index for g in filled.groups]
+        # A continued group is never aborted again, and the oldest train first: nothing goes stale.
+        assert filled.dropped == []
+        for group in filled.groups:
+            assert rollout_id - group.oldest_version <= job.rollout.max_staleness
+    accounted += [g.prompt.index for g in sampler.buffer.groups]
+    assert aborted > 0
+    assert len(drawn) == len(set(drawn))
+    assert sorted(accounted) == sorted(drawn)
+
+
+def test_partial_rollout_needs_room_for_one_version_of_lag():
+    with pytest.raises(SpecError, match="max_staleness >= 1"):
+        spec(max_staleness=0)
