@@ -31,7 +31,7 @@ from harness import REPO, SPEC, free_port  # noqa: E402
 from elastic_rl.config import load_spec  # noqa: E402
 from elastic_rl.model.architecture import from_toy_spec  # noqa: E402
 from elastic_rl.model.gpt import build_gpt, init_model_parallel  # noqa: E402
-from elastic_rl.rollout.batch import RolloutBatch  # noqa: E402
+from elastic_rl.rollout.batch import RolloutBatch, response_mask  # noqa: E402
 from elastic_rl.trainer.grpo import GrpoTrainer  # noqa: E402
 from elastic_rl.trainer.lr_schedule import lr_lambda  # noqa: E402
 
@@ -90,6 +90,7 @@ def synthetic_batch(samples: int, seed: int) -> RolloutBatch:
         prompt_indices=torch.arange(samples) // 16,
         prompt_epochs=torch.zeros(samples, dtype=torch.long),
         weight_versions=torch.zeros(samples, dtype=torch.long),
+        loss_mask=response_mask(torch.full((samples,), 2), torch.full((samples,), 8), 10),
     )
 
 

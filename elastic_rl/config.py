@@ -206,6 +206,19 @@ class RolloutSpec(Component):
     reward: str = "toy_copy"
     """A built-in reward (toy_copy, exact_match, boxed_math, f1, math) or a user function as
     module:function taking (prompt, response, label) and returning a float."""
+    reward_function: str | None = None
+    """Used instead of reward: a user's module:function, sync or async, given the whole sample (an
+    ``elastic_rl.rollout.scoring.RewardInput``) and returning a float, or a dict (see reward_key)."""
+    group_reward_function: str | None = None
+    """Used instead of reward: a user's module:function, sync or async, given a group's samples (a list of
+    ``RewardInput``) at once, as a reward model that compares them is, returning one reward each."""
+    reward_key: str | None = None
+    """For a reward function that returns a dict: the key of the reward in it."""
+    generate_function: str | None = None
+    """A user's async module:function that generates one sample its own way (several turns, tool
+    calls): given a ``GenerateInput`` and an engine client, it returns a ``Generated`` (the tokens
+    after the prompt, a loss mask of 1 at the model's own tokens, their log probs, metadata).
+    See examples/calculator_tool.py."""
     max_prompt_len: PositiveInt | None = None
     """Longest prompt in tokens; a longer one is skipped with an event and counted
     (rollout/skipped_prompts). Default: what the model's context leaves after max_new_tokens."""
@@ -251,6 +264,16 @@ class RolloutSpec(Component):
             )
         return value
 
+    @field_validator("reward_function", "group_reward_function", "generate_function")
+    @classmethod
+    def _module_function(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        module, sep, function = value.partition(":")
+        if not sep or not module or not function:
+            raise ValueError(f"{value!r}: give a user function as module:function")
+        return value
+
     @field_validator("dynamic_filter", "buffer_filter")
     @classmethod
     def _known_filter(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -271,6 +294,10 @@ class RolloutSpec(Component):
             )
         if self.mode == "async" and self.max_staleness < 1:
             raise ValueError("mode async generates with older weights than it trains: set max_staleness >= 1")
+        if self.reward_function and self.group_reward_function:
+            raise ValueError("give reward_function or group_reward_function, not both")
+        if self.generate_function and self.partial_rollout:
+            raise ValueError("partial_rollout cannot abort and continue a generate_function's turns: drop one")
         if self.partial_rollout and self.max_staleness < 1:
             raise ValueError("partial_rollout continues samples begun by older weights: set max_staleness >= 1")
         if self.dynamic_filter == "zero_std" and self.n_samples_per_prompt < 2:

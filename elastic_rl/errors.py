@@ -23,5 +23,9 @@ class EngineError(ElasticRLError):
     """An inference engine or the router answered with an error or not at all."""
 
 
+class EngineRejected(EngineError):
+    """An engine refused a request as invalid (HTTP 4xx): sending it again cannot help."""
+
+
 class GaveUp(ElasticRLError):
     """A failure budget of the rollout side ran out: the job fails, with this as its reason."""

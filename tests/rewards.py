@@ -18,3 +18,12 @@ def raises_on_sevens(prompt: str, response: str, label: str) -> float:
 
 def always_raises(prompt: str, response: str, label: str) -> float:
     raise RuntimeError("the reward service is down")
+
+
+async def copied_by_key_raising_on_sevens(item) -> dict:
+    """raises_on_sevens as a reward_function: async, given the whole sample, and returning a dict whose
+    "copied" entry is the reward (rollout.reward_key). The response may hold a tool's answer after the
+    model's text, so it is scored on how it starts."""
+    if item.prompt.label == "7":
+        raise ValueError("no rule for sevens")
+    return {"copied": float(item.response.startswith(item.prompt.label)), "turns": item.sample.metadata.get("turns")}

@@ -2,7 +2,8 @@
 
 Every call goes through ``_call``, which retries connection failures and 5xx
 answers (``elastic_rl.retry``) and re-raises the last error as ``EngineError``
-with the URL in its message.
+with the URL in its message. A 4xx answer is not retried: it raises
+``EngineRejected`` at once.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from elastic_rl.errors import EngineError
+from elastic_rl.errors import EngineError, EngineRejected
 from elastic_rl.retry import with_retries
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -57,7 +58,7 @@ class EngineClient:
         if response.status >= 500:
             raise _Retryable(f"HTTP {response.status}: {raw[:300]!r}")
         if response.status >= 400:
-            raise EngineError(f"{method} {url}: HTTP {response.status}: {raw[:500].decode(errors='replace')}")
+            raise EngineRejected(f"{method} {url}: HTTP {response.status}: {raw[:500].decode(errors='replace')}")
         if not raw:
             return None
         try:

@@ -24,6 +24,13 @@ from elastic_rl.jobenv import META_FILE, rollout_dir
 BATCH_FILE = "batch.safetensors"
 
 
+def response_mask(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """float32 [N, width]: 1 at the response tokens."""
+    positions = torch.arange(width).unsqueeze(0)
+    start = prompt_lengths.unsqueeze(1)
+    return ((positions >= start) & (positions < start + response_lengths.unsqueeze(1))).float()
+
+
 @dataclass
 class RolloutBatch:
     tokens: torch.Tensor  # int64 [N, L]: prompt + response, right-padded
@@ -34,16 +41,11 @@ class RolloutBatch:
     prompt_indices: torch.Tensor  # int64 [N]: dataset index of each sample's prompt
     prompt_epochs: torch.Tensor  # int64 [N]
     weight_versions: torch.Tensor  # int64 [N]: weights that generated each sample
+    loss_mask: torch.Tensor  # float32 [N, L]: 1 at the response tokens the model generated (not a tool's)
 
     @property
     def size(self) -> int:
         return self.tokens.shape[0]
-
-    def response_mask(self) -> torch.Tensor:
-        """float32 [N, L]: 1 at the response tokens."""
-        positions = torch.arange(self.tokens.shape[1]).unsqueeze(0)
-        start = self.prompt_lengths.unsqueeze(1)
-        return ((positions >= start) & (positions < start + self.response_lengths.unsqueeze(1))).float()
 
     def select(self, rows: torch.Tensor | slice) -> RolloutBatch:
         return RolloutBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})

@@ -6,35 +6,32 @@ weights the engines serve then (version N in sync mode, N - max_staleness in
 async). They join the rollout's metrics line as ``eval/<name>/...``; eval
 samples never enter the rollout log, so nothing trains on them. Each eval sample's seed depends on (job seed,
 dataset, rollout, sample) only, so a restarted orchestrator measures the same.
+Eval samples are made and scored as rollout samples are (the same generate
+function, reward, retries and rollout.max_concurrency), with the dataset's
+sampling.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from elastic_rl.config import EvalDataset, JobSpec
-from elastic_rl.rollout.data import jsonl_lines
+from elastic_rl.rollout.data import Prompt, jsonl_lines
+from elastic_rl.rollout.generation import GroupGenerator, derived_seed, stop_params
 from elastic_rl.rollout.prompts import render
-from elastic_rl.rollout.rewards import load_reward
-from elastic_rl.rollout.generation import derived_seed, stop_params
-
-Generate = Callable[[list[int], dict[str, Any]], Awaitable[dict[str, Any]]]
-
+from elastic_rl.rollout.scoring import Scored, Scorer
 
 class Evaluator:
-    def __init__(self, spec: JobSpec, tokenizer, generate: Generate):
+    def __init__(self, spec: JobSpec, tokenizer, generator: GroupGenerator, scorer: Scorer):
         self.spec = spec
-        self.tokenizer = tokenizer
-        self.generate = generate
-        self.reward = load_reward(spec.rollout.reward)
-        self.datasets: list[tuple[EvalDataset, list[tuple[str, str, list[int]]]]] = []
+        self.generator = generator
+        self.scorer = scorer
+        self.datasets: list[tuple[EvalDataset, list[tuple[Prompt, list[int]]]]] = []
         for dataset in spec.eval.datasets:
             lines = jsonl_lines(dataset.path, spec.data.prompt_key, spec.data.label_key)
-            prompts = [(text, label, render(tokenizer, spec.data, text)) for _, text, label in lines]
+            prompts = [(Prompt(index, 0, text, label), render(tokenizer, spec.data, text)) for index, text, label in lines]
             self.datasets.append((dataset, prompts))
 
     def due(self, rollout_id: int) -> bool:
@@ -59,31 +56,28 @@ class Evaluator:
             metrics.update(await self._one(dataset, prompts, rollout_id))
         return metrics
 
-    async def _one(self, dataset: EvalDataset, prompts: list[tuple[str, str, list[int]]], rollout_id: int) -> dict[str, float]:
+    async def _one(self, dataset: EvalDataset, prompts: list[tuple[Prompt, list[int]]], rollout_id: int) -> dict[str, float]:
         started = time.monotonic()
         limit = self.spec.prompt_limit
-        fitting = [(text, label, ids) for text, label, ids in prompts if len(ids) <= limit]
+        fitting = [(prompt, ids) for prompt, ids in prompts if len(ids) <= limit]
         n = dataset.n_samples_per_prompt
-        requests = [(text, label, ids, self.sampling_params(dataset, rollout_id, number * n + sample))
-                    for number, (text, label, ids) in enumerate(fitting) for sample in range(n)]  # fmt: skip
-        results = await asyncio.gather(*(self.generate(ids, params) for _, _, ids, params in requests))
-        rewards, lengths, unscorable = [], [], 0
-        for (text, label, _, _), result in zip(requests, results):
-            response = self.tokenizer.decode(result["output_ids"], skip_special_tokens=True)
-            lengths.append(len(result["output_ids"]))
-            try:
-                reward = float(self.reward(text, response, label))
-            except Exception:  # a user's reward function: an eval sample it cannot score is counted
-                reward = math.nan
-            if math.isfinite(reward):
-                rewards.append(reward)
-            else:
-                unscorable += 1
+
+        async def group(number: int, prompt: Prompt, ids: list[int]) -> list[Scored]:
+            samples = await asyncio.gather(*(
+                self.generator.make(prompt, ids, self.sampling_params(dataset, rollout_id, number * n + sample), [])
+                for sample in range(n)
+            ))  # fmt: skip
+            lengths.extend(len(sample.output_ids) for sample in samples)
+            return await self.scorer.score(prompt, list(samples))
+
+        lengths: list[int] = []
+        scored = await asyncio.gather(*(group(number, prompt, ids) for number, (prompt, ids) in enumerate(fitting)))
+        rewards = [reward for rewards in scored for reward, _ in rewards if reward is not None]
         prefix = f"eval/{dataset.name}/"
         metrics = {
-            prefix + "samples": float(len(results)),
+            prefix + "samples": float(len(fitting) * n),
             prefix + "skipped_prompts": float(len(prompts) - len(fitting)),
-            prefix + "unscorable_samples": float(unscorable),
+            prefix + "unscorable_samples": float(len(fitting) * n - len(rewards)),
             prefix + "time": time.monotonic() - started,
         }
         if rewards:  # none when every prompt was too long or no sample could be scored

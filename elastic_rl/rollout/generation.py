@@ -1,10 +1,12 @@
 """Generation requests for the rollout side: a group's samples through the router, with their seeds,
-retries and aborts.
+retries and aborts, or through a user's generate function.
 
 ``GroupGenerator.generate`` sends one request for each unfinished sample of a
 group (a new one, or one a partial rollout aborted, continued from its tokens
 so far) and returns the group with what each request made appended as a
-segment. A request that fails after the router's and the client's own retries
+segment. With ``rollout.generate_function`` the user's function makes each
+sample instead (several turns, tool calls), through an ``EngineSession``, and
+returns its tokens with a loss mask. A request that fails after the router's and the client's own retries
 is sent again with backoff, until ``rollout.max_request_failures`` failures in
 a row give up on the job. ``rollout.max_concurrency`` caps the requests in
 flight. Seeds are derived from (job seed, their parts) only, so a restarted
@@ -17,13 +19,15 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_rl.config import JobSpec, RolloutSpec
 from elastic_rl.engines.router import RouterClient
-from elastic_rl.errors import EngineError, GaveUp
-from elastic_rl.rollout.groups import Group, Sample, SampleStatus
+from elastic_rl.errors import EngineError, EngineRejected, GaveUp
+from elastic_rl.plugins import load_function
+from elastic_rl.rollout.data import Prompt
+from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
 from policies.dynamic_sampling import ConsecutiveFailures
 
 log = logging.getLogger("elastic_rl.generation")
@@ -50,6 +54,53 @@ def stop_params(rollout: RolloutSpec) -> dict[str, list]:
 
 
 @dataclass
+class GenerateInput:
+    """What a rollout.generate_function is given for one sample."""
+
+    prompt: Prompt
+    """Its text, label and index in the data."""
+    prompt_ids: list[int]
+    sampling_params: dict[str, Any]
+    """The rollout's (SGLang's names). max_new_tokens bounds every token after the prompt, a tool's
+    included (the model's context must hold them); with rollout.deterministic a sampling_seed, to
+    vary per turn."""
+    tokenizer: Any
+
+
+@dataclass
+class Generated:
+    """What a rollout.generate_function returns: the sample after its prompt."""
+
+    output_ids: list[int]
+    """Every token after the prompt: the model's and the ones a tool inserted."""
+    loss_mask: list[int]
+    """1 at each token the model generated, 0 at a tool's: only the model's are trained."""
+    logprobs: list[float]
+    """The engine's log prob of each of the model's tokens (from output_token_logprobs), 0 at a tool's."""
+    status: str = "completed"
+    """completed, or truncated when the model ran out of max_new_tokens."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Anything to keep with the sample (turns, tool calls); committed in the rollout's meta.json."""
+
+
+class EngineSession:
+    """The engine client a generate function gets: SGLang's /generate through the router, with the
+    rollout's retries and concurrency cap, noting the weight version of every call."""
+
+    def __init__(self, generator: GroupGenerator, results: list[dict[str, Any]]):
+        self._generator = generator
+        self._results = results
+        self.segments: list[Segment] = []
+
+    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        """SGLang's answer: output_ids and meta_info (output_token_logprobs, finish_reason, weight_version)."""
+        result = await self._generator.request(input_ids, sampling_params, abortable=False)
+        self._results.append(result)
+        self.segments.append(Segment(int(result["meta_info"]["weight_version"]), len(result["output_ids"])))
+        return result
+
+
+@dataclass
 class Work:
     """A group to generate, with the seed parts of its samples."""
 
@@ -60,9 +111,12 @@ class Work:
 
 
 class GroupGenerator:
-    def __init__(self, spec: JobSpec, router: RouterClient):
+    def __init__(self, spec: JobSpec, router: RouterClient, tokenizer):
         self.spec = spec
         self.router = router
+        self.tokenizer = tokenizer
+        function = spec.rollout.generate_function
+        self.custom = None if function is None else load_function("rollout.generate_function", function)
         concurrency = spec.rollout.max_concurrency
         self.in_flight = asyncio.Semaphore(concurrency) if concurrency else None
         self.full = False
@@ -95,26 +149,63 @@ class GroupGenerator:
             if sample.finished:
                 return sample
             params = self.sampling_params(seed, len(sample.output_ids))
-            result = await self._request(group.prompt_ids + sample.output_ids, params, abortable=not work.continued)
-            if result is None:
-                return sample
-            results.append(result)
-            meta = result["meta_info"]
-            return sample.continued(
-                list(result["output_ids"]),
-                [entry[0] for entry in meta["output_token_logprobs"]],
-                int(meta["weight_version"]),
-                SampleStatus.from_finish_reason(meta["finish_reason"]["type"]),
-            )
+            return await self.make(group.prompt, group.prompt_ids, params, results, sample, abortable=not work.continued)
 
         samples = await asyncio.gather(*(one(sample, seed) for sample, seed in zip(group.samples, work.seeds)))
         return Group(group.prompt, group.prompt_ids, list(samples))
+
+    async def make(
+        self,
+        prompt: Prompt,
+        prompt_ids: list[int],
+        params: dict[str, Any],
+        results: list[dict[str, Any]],
+        so_far: Sample | None = None,
+        abortable: bool = False,
+    ) -> Sample:
+        """One sample from the user's generate function, or from one request that continues ``so_far``'s
+        tokens (none: a new sample). Unchanged if a partial rollout filled up before it was sent."""
+        if self.custom is not None:
+            return await self._custom(prompt, prompt_ids, params, results)
+        so_far = so_far or Sample.unstarted()
+        try:
+            result = await self.request(prompt_ids + so_far.output_ids, params, abortable)
+        except EngineRejected as exc:  # this sample's request is bad data: skipped and counted
+            return Sample([], [], so_far.segments, SampleStatus.COMPLETED, error=f"prompt {prompt.index}: {exc}")
+        if result is None:
+            return so_far
+        results.append(result)
+        meta = result["meta_info"]
+        return so_far.continued(
+            list(result["output_ids"]),
+            [entry[0] for entry in meta["output_token_logprobs"]],
+            int(meta["weight_version"]),
+            SampleStatus.from_finish_reason(meta["finish_reason"]["type"]),
+        )
+
+    async def _custom(
+        self, prompt: Prompt, prompt_ids: list[int], params: dict[str, Any], results: list[dict[str, Any]]
+    ) -> Sample:
+        """One sample from the user's generate function; one it cannot make carries the error instead."""
+        session = EngineSession(self, results)
+        try:
+            made = await self.custom(GenerateInput(prompt, prompt_ids, params, self.tokenizer), session)
+            status = checked_generated(made)
+        except GaveUp:
+            raise
+        except Exception as exc:  # a user's function: bad data, skipped and counted, not a dead job
+            error = f"prompt {prompt.index}: the generate function failed: {type(exc).__name__}: {exc}"
+            return Sample([], [], session.segments, SampleStatus.COMPLETED, error=error)
+        return Sample(
+            list(made.output_ids), list(made.logprobs), session.segments, status,
+            loss_mask=list(made.loss_mask), metadata=dict(made.metadata),
+        )  # fmt: skip
 
     async def abort(self) -> None:
         """Abort what the engines are generating; each request answers with what it made so far."""
         await self.router.abort_on_every_worker()
 
-    async def _request(self, ids: list[int], params: dict[str, Any], abortable: bool) -> dict[str, Any] | None:
+    async def request(self, ids: list[int], params: dict[str, Any], abortable: bool) -> dict[str, Any] | None:
         """The engine's answer; None if a partial rollout filled up before an ``abortable`` request went out."""
         failures = ConsecutiveFailures(self.spec.rollout.max_request_failures)
         while True:
@@ -123,6 +214,8 @@ class GroupGenerator:
                     if self.full and abortable:
                         return None
                     return await self.router.generate(ids, params)
+            except EngineRejected:
+                raise
             except EngineError as exc:
                 self.failed_requests += 1
                 if failures.record(True):
@@ -132,3 +225,20 @@ class GroupGenerator:
                     ) from exc
                 log.warning("a generation request failed (%d in a row); sending it again: %s", failures.count, exc)
                 await asyncio.sleep(min(REQUEST_BACKOFF_MAX_S, REQUEST_BACKOFF_S * 2 ** (failures.count - 1)))
+
+
+def checked_generated(made: Any) -> SampleStatus:
+    """A generate function's answer, checked: its status, or a ValueError saying what is wrong."""
+    if not isinstance(made, Generated):
+        raise ValueError(f"returned {type(made).__name__}, not elastic_rl.rollout.generation.Generated")
+    lengths = {len(made.output_ids), len(made.loss_mask), len(made.logprobs)}
+    if len(lengths) != 1:
+        raise ValueError(
+            f"output_ids, loss_mask and logprobs differ in length ({len(made.output_ids)}, "
+            f"{len(made.loss_mask)}, {len(made.logprobs)})"
+        )
+    if not set(made.loss_mask) <= {0, 1}:
+        raise ValueError("loss_mask holds values other than 0 and 1")
+    if made.status not in ("completed", "truncated"):
+        raise ValueError(f"status {made.status!r}: use completed or truncated")
+    return SampleStatus(made.status)

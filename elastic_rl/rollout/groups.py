@@ -14,7 +14,7 @@ groups the lost one held: nothing generated is lost or trained twice.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -58,6 +58,12 @@ class Sample:
     status: SampleStatus
     reward: float | None = None
     """None: the reward function raised, or returned something other than a finite number."""
+    loss_mask: list[int] | None = None
+    """1 at each output token the model generated, 0 at one a tool inserted; None: all the model's."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """What a rollout.generate_function reported about the sample (turns, tool calls)."""
+    error: str | None = None
+    """Why a rollout.generate_function could not make it: it cannot be scored."""
 
     @property
     def version(self) -> int | None:
@@ -91,6 +97,9 @@ class Sample:
             [Segment(**segment) for segment in data["segments"]],
             SampleStatus(data["status"]),
             data["reward"],
+            data["loss_mask"],
+            data["metadata"],
+            data["error"],
         )
 
 
@@ -184,10 +193,12 @@ def to_batch(groups: list[Group], pad_id: int) -> RolloutBatch:
     width = max(len(group.prompt_ids) + len(sample.output_ids) for group, sample in rows)
     tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
     engine_logprobs = torch.zeros(len(rows), width)
+    loss_mask = torch.zeros(len(rows), width)
     for i, (group, sample) in enumerate(rows):
         start, end = len(group.prompt_ids), len(group.prompt_ids) + len(sample.output_ids)
         tokens[i, :end] = torch.tensor(group.prompt_ids + sample.output_ids)
         engine_logprobs[i, start:end] = torch.tensor(sample.logprobs)
+        loss_mask[i, start:end] = 1.0 if sample.loss_mask is None else torch.tensor(sample.loss_mask, dtype=torch.float32)
     return RolloutBatch(
         tokens=tokens,
         prompt_lengths=torch.tensor([len(group.prompt_ids) for group, _ in rows]),
@@ -197,4 +208,14 @@ def to_batch(groups: list[Group], pad_id: int) -> RolloutBatch:
         prompt_indices=torch.tensor([group.prompt.index for group, _ in rows]),
         prompt_epochs=torch.tensor([group.prompt.epoch for group, _ in rows]),
         weight_versions=torch.tensor([sample.version for _, sample in rows]),
+        loss_mask=loss_mask,
     )
+
+
+def samples_record(groups: list[Group]) -> list[dict[str, Any]]:
+    """Each trained sample's status and metadata, in the batch's row order (for the rollout's meta)."""
+    return [
+        {"status": sample.status.value, **({"metadata": sample.metadata} if sample.metadata else {})}
+        for group in groups
+        for sample in group.samples
+    ]

@@ -41,9 +41,9 @@ from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import GaveUp, SpecError
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
-from elastic_rl.rollout.batch import RolloutBatch, read_rollout, write_rollout
+from elastic_rl.rollout.batch import RolloutBatch, read_rollout, response_mask, write_rollout
 from elastic_rl.rollout.evaluation import Evaluator
-from elastic_rl.rollout.groups import to_batch
+from elastic_rl.rollout.groups import samples_record, to_batch
 from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.progress import ProgressReporter
 from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GroupSampler
@@ -67,7 +67,7 @@ class Orchestrator:
         self.progress = progress
         self.tokenizer = load_tokenizer(self.spec.model)
         self.sampler = GroupSampler(self.spec, self.tokenizer, router)
-        self.evaluator = Evaluator(self.spec, self.tokenizer, router.generate)
+        self.evaluator = Evaluator(self.spec, self.tokenizer, self.sampler.generator, self.sampler.scorer)
         self.sinks = metric_sinks(self.spec, self.workdir)
         # Checked before each commit: only the orchestrator the controller assigned writes the log.
         self.assignment = assignment
@@ -135,6 +135,7 @@ class Orchestrator:
             prompt_indices=torch.tensor([p.index for p, _, _ in prompts]),
             prompt_epochs=torch.tensor([p.epoch for p, _, _ in prompts]),
             weight_versions=torch.full((len(rows),), self.engine_version or 0),
+            loss_mask=response_mask(prompt_lengths, response_lengths, width),
         )
         lengths = response_lengths.float()
         metrics = {
@@ -245,6 +246,7 @@ class Orchestrator:
             # with the batch and the buffer they account for each drawn prompt once.
             "drawn_prompts": [[p.index, p.epoch] for p in filled.drawn],
             "dropped_groups": [[group.prompt.index, group.prompt.epoch, reason.value] for group, reason in filled.dropped],
+            "samples": samples_record(filled.groups),
         }
         return batch, meta
 

@@ -36,7 +36,7 @@ from elastic_rl.rollout.data import DataSource, Prompt
 from elastic_rl.rollout.generation import GroupGenerator, Work
 from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, fifo
 from elastic_rl.rollout.prompts import render, render_response
-from elastic_rl.rollout.rewards import load_reward
+from elastic_rl.rollout.scoring import Scorer
 from policies.dynamic_sampling import ConsecutiveFailures, zero_std
 
 ABORT_REPEAT_S = 0.1
@@ -78,12 +78,12 @@ class GroupSampler:
         self.router = router
         self.data = DataSource(spec.data, spec.seed)
         self.buffer = GroupBuffer()
-        self.reward = load_reward(spec.rollout.reward)
+        self.scorer = Scorer(spec.rollout, tokenizer)
         self.keep = self._group_filter(spec.rollout.dynamic_filter)
         choice = spec.rollout.buffer_filter
         self.choose = fifo if choice == "fifo" else load_function("rollout.buffer_filter", choice)
         self.bad_data = ConsecutiveFailures(spec.rollout.max_consecutive_bad_samples)
-        self.generator = GroupGenerator(spec, router)
+        self.generator = GroupGenerator(spec, router, tokenizer)
 
     @staticmethod
     def _group_filter(name: str | None):
@@ -151,28 +151,19 @@ class GroupSampler:
             for group in groups
         ]
 
-    def _score(self, group: Group, errors: list[str]) -> Group:
-        """The group with each sample's reward; an unscorable one gets None and a line in ``errors``."""
-        for sample in group.samples:
-            response = self.tokenizer.decode(sample.output_ids, skip_special_tokens=True)
-            prompt = group.prompt
-            try:
-                reward = float(self.reward(prompt.text, response, prompt.label))
-            except Exception as exc:  # a user's reward function: any error is bad data, not a dead job
-                errors.append(f"prompt {prompt.index}: the reward raised {type(exc).__name__}: {exc}")
-                reward = None
-            if reward is not None and not math.isfinite(reward):
-                errors.append(f"prompt {prompt.index}: the reward is {reward}")
-                reward = None
+    async def _score(self, group: Group, errors: list[str]) -> None:
+        """Each sample's reward; an unscorable one gets None and a line in ``errors``."""
+        for sample, (reward, why) in zip(group.samples, await self.scorer.score(group.prompt, group.samples)):
             sample.reward = reward
+            if why is not None:
+                errors.append(why)
             if self.bad_data.record(reward is None):
                 raise GaveUp(
                     f"{self.bad_data.count} samples in a row could not be scored "
                     f"(rollout.max_consecutive_bad_samples); the last: {errors[-1]}"
                 )
-        return group
 
-    def _sort(self, group: Group, filled: Filled) -> bool:
+    async def _sort(self, group: Group, filled: Filled) -> bool:
         """Buffer an aborted group; score a finished one and keep it or drop it (recorded with why).
         True if kept."""
         if not group.finished:
@@ -180,7 +171,7 @@ class GroupSampler:
             filled.aborted_samples += sum(not sample.finished for sample in group.samples)
             return False
         filled.finished_groups += 1
-        self._score(group, filled.errors)
+        await self._score(group, filled.errors)
         if not group.scored:
             filled.dropped.append((group, DropReason.UNSCORABLE))
         elif self.keep is not None and not self._kept(group):
@@ -200,7 +191,7 @@ class GroupSampler:
     async def _generate_round(self, work: list[Work], filled: Filled, results: list) -> int:
         """Generate a round to its end and sort its groups in draw order; return how many were kept."""
         groups = await asyncio.gather(*(self.generator.generate(item, results) for item in work))
-        return sum(self._sort(group, filled) for group in groups)
+        return sum([await self._sort(group, filled) for group in groups])
 
     async def _generate_round_partially(self, work: list[Work], filled: Filled, results: list, wanted: int) -> int:
         """Sort groups as they finish; once the rollout has ``wanted``, abort the rest into the buffer.
@@ -217,7 +208,7 @@ class GroupSampler:
             aborting = generator.full and not any(tasks[task] for task in pending)
             done, pending = await asyncio.wait(pending, timeout=ABORT_REPEAT_S if aborting else None,
                                                return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-            kept += sum(self._sort(task.result(), filled) for task in done)
+            kept += sum([await self._sort(task.result(), filled) for task in done])
             generator.full = len(filled.groups) >= wanted  # from now on only continued groups' requests are sent
             if pending and generator.full and not any(tasks[task] for task in pending):
                 # Repeated: a request may reach its engine after the previous abort.

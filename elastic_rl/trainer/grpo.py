@@ -132,7 +132,7 @@ class GrpoTrainer:
 
     def prepare(self, rollout_id: int, batch: RolloutBatch, healed: dict[str, Any] | None = None) -> RolloutContext:
         """The rollout's shared state, from the current weights, or from a peer mid-rollout."""
-        mask = batch.response_mask()
+        mask = batch.loss_mask
         if self.spec.algorithm.kind is AlgorithmKind.SFT:
             # The data's NLL needs no old policy, engine log probs or advantages.
             zeros = torch.zeros(batch.tokens.shape)

@@ -19,7 +19,7 @@ import torch
 from elastic_rl.config import load_spec
 from elastic_rl.model.gpt import destroy_model_parallel, init_model_parallel
 from elastic_rl.model.source import ModelSource
-from elastic_rl.rollout.batch import RolloutBatch
+from elastic_rl.rollout.batch import RolloutBatch, response_mask
 from elastic_rl.trainer.grpo import GrpoTrainer
 from tests.processes import SPEC
 
@@ -43,6 +43,7 @@ def varied_batch(vocab: int) -> RolloutBatch:
         engine_logprobs=-torch.rand(SAMPLES, WIDTH, generator=generator),
         rewards=torch.rand(SAMPLES, generator=generator), prompt_indices=torch.arange(SAMPLES),
         prompt_epochs=torch.zeros(SAMPLES, dtype=torch.long), weight_versions=torch.zeros(SAMPLES, dtype=torch.long),
+        loss_mask=response_mask(prompts, responses, WIDTH),
     )  # fmt: skip
 
 

@@ -1,6 +1,8 @@
 """Bad data inside a run: prompts longer than rollout.max_prompt_len, and samples the reward cannot
 score, are skipped, recorded and counted, and the job goes on; past the budget it fails, saying why.
-Eval on held-out prompts runs at its interval beside the same job, and never enters training."""
+The same job generates through the multi-turn calculator example (examples/calculator_tool.py) and
+scores with an async reward function that returns a dict: only the model's tokens are trained. Eval
+on held-out prompts runs at its interval beside it, and never enters training."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import orjson
 import pytest
 from safetensors.torch import load_file
 
+from chaos.invariants import read_spec
 from elastic_rl import jobenv
+from elastic_rl.model.tokenizer import load_tokenizer
 from tests.integration.erld_support import job_events, metrics, run_job, status
 
 pytestmark = [pytest.mark.integration]
@@ -36,11 +40,15 @@ def test_over_long_prompts_and_unscorable_samples_are_skipped_not_fatal(daemon, 
         "--set", "rollout.n_samples_per_prompt=4",
         "--set", "trainer.global_batch_size=32",
         "--set", "trainer.micro_batch_size=32",
-        "--set", "rollout.reward=tests.rewards:raises_on_sevens",
+        "--set", "rollout.max_new_tokens=24",
+        "--set", "rollout.generate_function=examples.calculator_tool:generate",
+        "--set", "rollout.reward_function=tests.rewards:copied_by_key_raising_on_sevens",
+        "--set", "rollout.reward_key=copied",
         "--set", "eval.interval_rollouts=2",
         "--set", f"eval.datasets=[{{name: held-out, path: {held_out}, n_samples_per_prompt: 2}}]",
     ])  # fmt: skip
-    skipped, unscorable = [], []
+    tokenizer = load_tokenizer(read_spec(workdir).model)
+    skipped, unscorable, tool_calls = [], [], 0
     for rollout_id in range(ROLLOUTS):
         folder = jobenv.rollout_dir(workdir, rollout_id)
         batch = load_file(str(folder / "batch.safetensors"))
@@ -49,8 +57,10 @@ def test_over_long_prompts_and_unscorable_samples_are_skipped_not_fatal(daemon, 
         assert not {7, 17, 27, 37} & trained  # generated, but not trained without a reward
         assert len(trained) == 8  # the rollout is full all the same
         meta = orjson.loads((folder / "meta.json").read_bytes())
+        tool_calls += assert_only_the_models_tokens_are_trained(batch, meta, tokenizer)
         skipped += [index for index, _ in meta["skipped_prompts"]]
         unscorable += [index for index, _, reason in meta["dropped_groups"] if reason == "unscorable"]
+    assert tool_calls > 0
     assert skipped and set(skipped) <= long
     assert unscorable and set(unscorable) <= {7, 17, 27, 37}
     lines = metrics(workdir)
@@ -65,6 +75,30 @@ def test_over_long_prompts_and_unscorable_samples_are_skipped_not_fatal(daemon, 
     events = job_events(workdir)
     assert sorted(index for e in events if e["kind"] == "prompts_skipped" for index, _ in e["prompts"]) == sorted(skipped)
     assert sorted(index for e in events if e["kind"] == "samples_skipped" for index, _ in e["prompts"]) == sorted(unscorable)
+
+
+def assert_only_the_models_tokens_are_trained(batch: dict, meta: dict, tokenizer) -> int:
+    """Each sample: the calculator's answer where its metadata says, masked out of the loss, no engine
+    log prob there; the rest of the response masked in; the reward is the reward function's. Returns
+    how many samples called the tool (one that ended its first turn itself did not)."""
+    calls = 0
+    for row, record in enumerate(meta["samples"]):
+        start = int(batch["prompt_lengths"][row])
+        end = start + int(batch["response_lengths"][row])
+        tool = set()
+        for call in record["metadata"]["tool_calls"]:
+            tool |= set(range(start + call["start"], start + call["end"]))
+            answer = tokenizer.decode(batch["tokens"][row, start + call["start"] : start + call["end"]].tolist())
+            assert answer == call["answer"]
+        calls += bool(tool)
+        assert record["status"] in ("completed", "truncated")
+        mask = batch["loss_mask"][row].tolist()
+        assert mask == [1.0 if start <= t < end and t not in tool else 0.0 for t in range(len(mask))]
+        assert all(batch["engine_logprobs"][row, t] == 0.0 for t in tool)
+        response = tokenizer.decode(batch["tokens"][row, start:end].tolist(), skip_special_tokens=True)
+        label = str(int(batch["prompt_indices"][row]) % 10)
+        assert batch["rewards"][row] == float(response.startswith(label))
+    return calls
 
 
 @pytest.mark.timeout(200)

@@ -89,7 +89,7 @@ def test_a_batch_keeps_each_groups_samples_together():
     batch = to_batch([group(7, [1.0, 0.0]), group(9, [0.5, 0.5])], pad_id=0)
     assert batch.prompt_indices.tolist() == [7, 7, 9, 9]
     assert batch.rewards.tolist() == [1.0, 0.0, 0.5, 0.5]
-    assert batch.response_mask()[0].tolist() == [0.0, 0.0, 1.0]
+    assert batch.loss_mask[0].tolist() == [0.0, 0.0, 1.0]
 
 
 def test_the_filter_keeps_every_rollout_full_and_the_leftovers_wait_in_the_buffer():
@@ -131,14 +131,14 @@ def test_unscorable_groups_are_skipped_and_a_spent_budget_gives_up(monkeypatch):
             raise ValueError("no answer")
         return 1.0 if response == label else 0.0
 
-    groups_sampler.reward = reward_that_fails_every_fifth
+    groups_sampler.scorer.rule = reward_that_fails_every_fifth
     filled = asyncio.run(groups_sampler.fill(0))
     unscorable = [g for g, reason in filled.dropped if reason is DropReason.UNSCORABLE]
     assert len(filled.groups) == 4 and unscorable and all(not g.scored for g in unscorable)
     assert filled.metrics["rollout/unscorable_samples"] == len(filled.errors) > 0
     assert "ValueError: no answer" in filled.errors[0]
 
-    groups_sampler.reward = lambda prompt, response, label: float("nan")
+    groups_sampler.scorer.rule = lambda prompt, response, label: float("nan")
     with pytest.raises(GaveUp, match="8 samples in a row could not be scored"):
         asyncio.run(groups_sampler.fill(1))
 

@@ -13,6 +13,8 @@ from elastic_rl.config import validate_spec
 from elastic_rl.errors import SpecError
 from elastic_rl.model.tokenizer import load_tokenizer
 from elastic_rl.rollout.evaluation import Evaluator
+from elastic_rl.rollout.generation import GroupGenerator
+from elastic_rl.rollout.scoring import Scorer
 from tests.unit.test_dynamic_sampling import FakeRouter
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -34,7 +36,7 @@ def test_eval_runs_at_its_interval_and_reports_each_dataset(tmp_path):
     spec = job(tmp_path, n_samples_per_prompt=3, sampling={"temperature": 1.0})
     tokenizer = load_tokenizer(spec.model)
     router = FakeRouter(tokenizer)
-    evaluator = Evaluator(spec, tokenizer, router.generate)
+    evaluator = Evaluator(spec, tokenizer, GroupGenerator(spec, router, tokenizer), Scorer(spec.rollout, tokenizer))
     assert [evaluator.due(r) for r in range(5)] == [True, False, True, False, True]
     metrics = asyncio.run(evaluator.run(0))
     assert metrics["eval/digits/samples"] == 30 and metrics["eval/digits/skipped_prompts"] == 1
@@ -46,7 +48,7 @@ def test_eval_runs_at_its_interval_and_reports_each_dataset(tmp_path):
             raise ValueError("no rule for sevens")
         return float(response == label)
 
-    evaluator.reward = raises_on_sevens
+    evaluator.scorer.rule = raises_on_sevens
     assert asyncio.run(evaluator.run(2))["eval/digits/unscorable_samples"] == 3
 
 
