@@ -20,8 +20,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from elastic_rl.jobenv import SPEC_FILE, committed_rollouts  # noqa: E402
-from elastic_rl.rollout.batch import read_rollout  # noqa: E402
+from checkpoints.layout import SPEC_FILE, committed_rollouts  # noqa: E402
+from checkpoints.rollout_log import read_rollout  # noqa: E402
 from elastic_rl.trainer.micro_batches import fixed_micro_batches, padding_fraction, token_budget_micro_batches  # noqa: E402
 
 

@@ -24,8 +24,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import SPEC, erl, job_status, running_daemon  # noqa: E402
 
-from elastic_rl import jobenv  # noqa: E402
-from elastic_rl.rollout.batch import read_rollout  # noqa: E402
+from checkpoints import layout  # noqa: E402
+from checkpoints.rollout_log import read_rollout  # noqa: E402
 
 ROLLOUTS = 20
 JOB = [
@@ -51,7 +51,7 @@ def tokens(workdir: Path) -> tuple[float, int, int]:
     lines = [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     generated = sum(line["rollout/generated_tokens"] for line in lines)
     trained = 0
-    for rollout_id in jobenv.committed_rollouts(workdir):
+    for rollout_id in layout.committed_rollouts(workdir):
         trained += int(read_rollout(workdir, rollout_id)[0].response_lengths.sum())
     buffer = read_rollout(workdir, ROLLOUTS - 1)[1]["buffer"]
     buffered = sum(len(sample["output_ids"]) for group in buffer for sample in group["samples"])

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import orjson
 
+from checkpoints import layout
 from chaos.faults import NoTarget
 from chaos.invariants import Check, check_run
 from chaos.report import FaultReport, analyse_faults, write_report
@@ -141,7 +142,7 @@ def reference_run(scenario: ChaosScenario, cache: Path) -> tuple[Path, float]:
 
 def wall_time(workdir: Path) -> float:
     """From the job's start to its end, by its own events."""
-    events = [orjson.loads(line) for line in (workdir / "events.jsonl").read_text().splitlines()]
+    events = [orjson.loads(line) for line in layout.events_path(workdir).read_text().splitlines()]
     started = min(e["time"] for e in events if e["kind"] == "job_started")
     ended = max(e["time"] for e in events if e["kind"] in ("job_succeeded", "job_failed", "job_stopped"))
     return ended - started

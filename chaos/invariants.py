@@ -29,9 +29,10 @@ import orjson
 import torch
 from safetensors.torch import load_file
 
-from checkpoints.discovery import snapshot_path, valid_steps
+from checkpoints import layout
+from checkpoints.discovery import valid_steps
 from checkpoints.manifest import read_manifest
-from elastic_rl import jobenv
+from checkpoints.rollout_log import BATCH_FILE
 from elastic_rl.config import JobSpec
 
 
@@ -50,12 +51,12 @@ def jsonl(path: Path) -> list[dict]:
 
 
 def read_spec(workdir: Path) -> JobSpec:
-    return JobSpec.model_validate(orjson.loads((workdir / jobenv.SPEC_FILE).read_bytes()))
+    return JobSpec.model_validate(orjson.loads(layout.spec_path(workdir).read_bytes()))
 
 
 def _rollout(workdir: Path, rollout_id: int) -> tuple[dict[str, torch.Tensor], dict]:
-    folder = jobenv.rollout_dir(workdir, rollout_id)
-    return load_file(str(folder / "batch.safetensors")), orjson.loads((folder / jobenv.META_FILE).read_bytes())
+    folder = layout.rollout_dir(workdir, rollout_id)
+    return load_file(str(folder / BATCH_FILE)), orjson.loads((folder / layout.META_FILE).read_bytes())
 
 
 def _trained_groups(batch: dict[str, torch.Tensor], spec: JobSpec) -> list[tuple[int, int]]:
@@ -66,7 +67,7 @@ def _trained_groups(batch: dict[str, torch.Tensor], spec: JobSpec) -> list[tuple
 def drawn_prompts(workdir: Path, spec: JobSpec) -> list[tuple[int, int]]:
     """(epoch, index) of every prompt drawn, in order: the skipped ones, then those generated."""
     drawn = []
-    for rollout_id in jobenv.committed_rollouts(workdir):
+    for rollout_id in layout.committed_rollouts(workdir):
         batch, meta = _rollout(workdir, rollout_id)
         drawn += [(epoch, index) for index, epoch in meta.get("skipped_prompts", [])]
         drawn += [(epoch, index) for index, epoch in meta["drawn_prompts"]]
@@ -78,7 +79,7 @@ def unaccounted_groups(workdir: Path, spec: JobSpec) -> list[tuple[int, int]]:
     generated: list[tuple[int, int]] = []
     accounted: list[tuple[int, int]] = []
     buffered: list[tuple[int, int]] = []
-    for rollout_id in jobenv.committed_rollouts(workdir):
+    for rollout_id in layout.committed_rollouts(workdir):
         batch, meta = _rollout(workdir, rollout_id)
         generated += [(epoch, index) for index, epoch in meta["drawn_prompts"]]
         accounted += _trained_groups(batch, spec)
@@ -103,13 +104,13 @@ def check_prompts(run: Path, reference: Path, spec: JobSpec) -> Check:
 
 def check_rollouts_applied_once(run: Path, spec: JobSpec) -> Check:
     expected = list(range(spec.rollout.num_rollouts))
-    committed = jobenv.committed_rollouts(run)
+    committed = layout.committed_rollouts(run)
     # Retention cuts the log below the oldest kept snapshot's last rollout: what it cut is in that snapshot.
     first = committed[0] if committed else len(expected)
     kept_from = min((_snapshot_last_rollout(run, step) for step in valid_steps(run)), default=None)
     if committed != expected[first:] or (first > 0 and (kept_from is None or kept_from < first - 1)):
         return Check("every committed rollout applied once", False, f"rollout log holds {committed}")
-    trained = [line["rollout"] for line in jsonl(run / "metrics.jsonl")]
+    trained = [line["rollout"] for line in jsonl(layout.metrics_lines_path(run))]
     if trained != expected:
         return Check("every committed rollout applied once", False, f"metrics.jsonl trains {trained}")
     writers = [_rollout(run, r)[1].get("writer", {}).get("generation") for r in committed]
@@ -120,12 +121,12 @@ def check_rollouts_applied_once(run: Path, spec: JobSpec) -> Check:
 
 
 def _snapshot_last_rollout(run: Path, step: int) -> int:
-    return int(read_manifest(snapshot_path(run, step))["last_rollout"])
+    return int(read_manifest(layout.snapshot_path(run, step))["last_rollout"])
 
 
 def check_whole_batches(run: Path, spec: JobSpec) -> Check:
     short = []
-    for line in jsonl(run / "metrics.jsonl"):
+    for line in jsonl(layout.metrics_lines_path(run)):
         if line.get("train/quarantined"):
             continue
         if line.get("train/samples_per_step") != spec.trainer.global_batch_size:
@@ -149,11 +150,11 @@ def check_snapshots(run: Path, events: list[dict]) -> Check:
 
 def check_weights(run: Path, reference: Path, spec: JobSpec, tolerance: float | None) -> Check:
     if tolerance is None:
-        quarantined = sorted(jobenv.quarantined_rollouts(run))
+        quarantined = sorted(layout.quarantined_rollouts(run))
         return Check("final weights equal the reference's", True, f"not compared by design; quarantined rollouts {quarantined}")
     version = spec.rollout.num_rollouts
-    mine = load_file(str(jobenv.weights_dir(run, version) / "model.safetensors"))
-    theirs = load_file(str(jobenv.weights_dir(reference, version) / "model.safetensors"))
+    mine = load_file(str(layout.weights_dir(run, version) / "model.safetensors"))
+    theirs = load_file(str(layout.weights_dir(reference, version) / "model.safetensors"))
     if mine.keys() != theirs.keys():
         return Check("final weights equal the reference's", False, "the tensors differ by name")
     worst = 0.0
@@ -168,7 +169,7 @@ def check_weights(run: Path, reference: Path, spec: JobSpec, tolerance: float | 
 def check_staleness(run: Path, spec: JobSpec) -> Check:
     bound = spec.rollout.staleness_bound
     stale = []
-    for rollout_id in jobenv.committed_rollouts(run):
+    for rollout_id in layout.committed_rollouts(run):
         versions = _rollout(run, rollout_id)[0]["weight_versions"]
         lag = rollout_id - int(versions.min())
         if lag > bound:
@@ -189,7 +190,7 @@ def check_terminal(status: dict) -> Check:
 
 def check_run(run: Path, reference: Path, status: dict, tolerance: float | None) -> list[Check]:
     spec = read_spec(run)
-    events = jsonl(run / "events.jsonl")
+    events = jsonl(layout.events_path(run))
     checks = [check_terminal(status)]
     if status.get("phase") != "succeeded":
         return checks

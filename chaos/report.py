@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from checkpoints import layout
 from chaos.invariants import drawn_prompts, jsonl, read_spec
 from chaos.runner import JobRun
 
@@ -52,12 +53,12 @@ class FaultReport:
 
 
 def analyse_faults(run: JobRun, workdir: Path, reference: Path) -> list[FaultReport]:
-    events = jsonl(workdir / "events.jsonl")
-    lines = jsonl(workdir / "metrics.jsonl")
+    events = jsonl(layout.events_path(workdir))
+    lines = jsonl(layout.metrics_lines_path(workdir))
     spec = read_spec(workdir)
     steps_per_rollout = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
     started = min(e["time"] for e in events if e["kind"] == "job_started")
-    reference_lines = jsonl(reference / "metrics.jsonl")
+    reference_lines = jsonl(layout.metrics_lines_path(reference))
     gaps = [b["time"] - a["time"] for a, b in zip(reference_lines, reference_lines[1:])]
     usual = median(gaps) if gaps else 0.0
     drawn = set(drawn_prompts(workdir, spec))
@@ -137,8 +138,8 @@ def timeline(workdir: Path, result: ScenarioResult, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    events = jsonl(workdir / "events.jsonl")
-    lines = jsonl(workdir / "metrics.jsonl")
+    events = jsonl(layout.events_path(workdir))
+    lines = jsonl(layout.metrics_lines_path(workdir))
     started = min(e["time"] for e in events if e["kind"] == "job_started")
     minutes = [(line["time"] - started) / 60 for line in lines]
     figure, (reward, progress) = plt.subplots(2, 1, sharex=True, figsize=(9, 5.5))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from checkpoints.layout import snapshot_path, snapshot_root
 from checkpoints.manifest import read_manifest, verify
 
 
@@ -19,14 +20,6 @@ class SnapshotInfo:
     step: int
     path: Path
     last_rollout: int
-
-
-def snapshot_root(workdir: Path) -> Path:
-    return workdir / "snapshots"
-
-
-def snapshot_path(workdir: Path, step: int) -> Path:
-    return snapshot_root(workdir) / f"{step:09d}"
 
 
 def _steps(workdir: Path) -> list[int]:

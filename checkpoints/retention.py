@@ -13,9 +13,10 @@ import shutil
 import time
 from pathlib import Path
 
-from checkpoints.discovery import snapshot_path, snapshots_to_delete, valid_steps, weights_to_delete
+from checkpoints import layout
+from checkpoints.discovery import snapshots_to_delete, valid_steps, weights_to_delete
 from checkpoints.manifest import read_manifest
-from elastic_rl import jobenv
+from checkpoints.rollout_log import cut_below
 
 
 def apply_retention(workdir: Path, keep_last: int, keep_every: int) -> list[int]:
@@ -23,13 +24,10 @@ def apply_retention(workdir: Path, keep_last: int, keep_every: int) -> list[int]
     steps = valid_steps(workdir)
     doomed = snapshots_to_delete(steps, keep_last, keep_every)
     for step in doomed:
-        shutil.rmtree(snapshot_path(workdir, step), ignore_errors=True)
+        shutil.rmtree(layout.snapshot_path(workdir, step), ignore_errors=True)
     kept = [step for step in steps if step not in doomed]
     if kept:
-        oldest_needed = int(read_manifest(snapshot_path(workdir, min(kept)))["last_rollout"])
-        for rollout_id in jobenv.committed_rollouts(workdir):
-            if rollout_id < oldest_needed:
-                shutil.rmtree(jobenv.rollout_dir(workdir, rollout_id), ignore_errors=True)
+        cut_below(workdir, int(read_manifest(layout.snapshot_path(workdir, min(kept)))["last_rollout"]))
     return doomed
 
 
@@ -38,12 +36,12 @@ def prune_weights(workdir: Path, keep_last: int, grace_s: float) -> list[int]:
     an engine may take to start (and load the version it was started on)."""
     needed = set()
     for step in valid_steps(workdir):
-        manifest = read_manifest(snapshot_path(workdir, step))
+        manifest = read_manifest(layout.snapshot_path(workdir, step))
         if manifest is not None:  # else snapshot retention deleted it since it was verified
-            needed.add(int(manifest["last_rollout"]) + 1)
-    versions = jobenv.weights_versions(workdir)
-    exported_at = {v: jobenv.weights_dir(workdir, v).stat().st_mtime for v in versions}
+            needed.add(layout.version_after(int(manifest["last_rollout"])))
+    versions = layout.weights_versions(workdir)
+    exported_at = {v: layout.weights_dir(workdir, v).stat().st_mtime for v in versions}
     doomed = weights_to_delete(versions, keep_last, needed, exported_at, time.time(), grace_s)
     for version in doomed:
-        shutil.rmtree(jobenv.weights_dir(workdir, version), ignore_errors=True)
+        shutil.rmtree(layout.weights_dir(workdir, version), ignore_errors=True)
     return doomed

@@ -35,7 +35,7 @@ from megatron.core import parallel_state
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from checkpoints.discovery import snapshot_path
+from checkpoints.layout import snapshot_path
 from checkpoints.manifest import verify, write_manifest
 from checkpoints.safe_reader import SafeFileSystemReader
 from elastic_rl.model.megatron_state import GATED_FC1_SUFFIX

@@ -37,6 +37,7 @@ from daemon import engines
 from daemon.notify import child_environment
 from daemon.plan import Endpoints, ProcSpec, Role, command, process_env, proc_spec, server_url
 from daemon.proctable import LocalProc, ProcessTable, ProcState
+from checkpoints import layout
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
@@ -195,7 +196,7 @@ class JobAgent:
             promoted[f"{spare_group}-{old_generation}"] = (proc_spec(name).group_index, assignment["generation"])
         for token, (replica, generation) in promoted.items():
             write_file_atomic(
-                jobenv.spare_assignment_path(self.workdir, token),
+                layout.spare_assignment_path(self.workdir, token),
                 orjson.dumps({"replica": replica, "generation": generation}),
             )
 
@@ -304,7 +305,7 @@ class JobAgent:
                     self.table.signal(partner, signal.SIGKILL)
                     partner.state, partner.restart_at = ProcState.RESTARTING, now
                 # A group starting afresh meets at a new place (its rank 0 opens a store there).
-                rendezvous = {jobenv.RENDEZVOUS: str(jobenv.rendezvous_path(self.workdir, group, time.time_ns()))}
+                rendezvous = {jobenv.RENDEZVOUS: str(layout.rendezvous_path(self.workdir, group, time.time_ns()))}
             else:
                 rendezvous = {}
             for proc, (spec, assignment) in zip(procs, members):
@@ -316,7 +317,7 @@ class JobAgent:
         """Whether a group may start: an engine needs the job's initial weights, which the services'
         agent exports (in the background) when it starts them. A cpu engine starts at once and
         waits for them itself, so its imports overlap the export."""
-        have_weights = jobenv.latest_weights_version(self.workdir) is not None
+        have_weights = layout.latest_weights_version(self.workdir) is not None
         if spec.role is Role.LIGHTHOUSE and not have_weights and self._exporting is None:
             self._exporting = asyncio.create_task(self._export_initial_weights())
         return have_weights or spec.role is not Role.ENGINE or self.spec.engines.kind == "cpu"
@@ -331,12 +332,12 @@ class JobAgent:
             await self.events.emit("job_failed", str(error))
 
     async def _export_initial_weights(self) -> None:
-        log_path = self.workdir / "logs" / "init-weights.log"
+        log_path = layout.proc_log_path(self.workdir, "init-weights")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log_file:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "elastic_rl.model.export",
-                str(self.workdir / jobenv.SPEC_FILE), str(jobenv.weights_dir(self.workdir, 0)),
+                str(layout.spec_path(self.workdir)), str(layout.weights_dir(self.workdir, 0)),
                 stdout=log_file, stderr=subprocess.STDOUT, env=self._base_env(),
             )  # fmt: skip
             code = await process.wait()
@@ -369,9 +370,9 @@ class JobAgent:
             await self._replace_engine(proc, f"it did not start: {exc}")
             return
         # Newer weights may have come while it started: it serves no stale version.
-        version = jobenv.latest_weights_version(self.workdir)
+        version = layout.latest_weights_version(self.workdir)
         if version is not None and str(version) != (await client.model_info())["weight_version"]:
-            await client.update_weights_from_disk(str(jobenv.weights_dir(self.workdir, version)), str(version))
+            await client.update_weights_from_disk(str(layout.weights_dir(self.workdir, version)), str(version))
         await engines.register(router_url, engine_url, self.spec.engines.startup_timeout_s)
         proc.serving = True
         self.health_failures[proc.name] = 0

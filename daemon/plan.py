@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from checkpoints import layout
 from elastic_rl import jobenv
 from elastic_rl.config import JobSpec
 from elastic_rl.engines.launcher import engine_command
@@ -137,10 +138,10 @@ def command(proc: ProcSpec, assignment: dict, spec: JobSpec, workdir: Path, adve
     if proc.role is Role.ORCHESTRATOR:
         return [sys.executable, "-m", "elastic_rl.rollout.orchestrator"]
     if proc.role is Role.ENGINE:
-        version = jobenv.latest_weights_version(workdir) or 0
+        version = layout.latest_weights_version(workdir) or 0
         return engine_command(
             spec.engines,
-            jobenv.weights_dir(workdir, version),
+            layout.weights_dir(workdir, version),
             assignment["port"],
             host=advertise_host,
             weight_version=str(version),

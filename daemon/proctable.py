@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from checkpoints import layout
 from elastic_rl import jobenv
 
 
@@ -93,7 +94,7 @@ class ProcessTable:
 
     def spawn(self, proc: LocalProc, command: list[str], env: dict[str, str], workdir: Path) -> None:
         self.kill_strays(proc)
-        log_path = workdir / "logs" / f"{proc.name}.log"
+        log_path = layout.proc_log_path(workdir, proc.name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log_file:
             child = subprocess.Popen(

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import psutil
 
+from checkpoints import layout
 from elastic_rl import jobs
 from elastic_rl.config import JobSpec, dump_spec, load_spec
 from elastic_rl.errors import ElasticRLError, InputError, SpecError
@@ -224,7 +225,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
 async def cmd_logs(args: argparse.Namespace) -> int:
     async with Store(_endpoint(args), attempts=1) as store:
         info = await jobs.describe(store, args.job, events=0)
-    log_dir = Path(info["status"]["workdir"]) / "logs"
+    log_dir = layout.logs_dir(Path(info["status"]["workdir"]))
     if args.proc:
         files = [log_dir / f"{args.proc}.log"]
         if not files[0].is_file():

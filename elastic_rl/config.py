@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from checkpoints.layout import version_before
 from elastic_rl.algo.choices import AdvantageEstimator, AlgorithmKind, LossAggregation
 from elastic_rl.errors import SpecError
 from elastic_rl.model.architecture import CONFIG_FILE, from_hf_config
@@ -321,7 +322,8 @@ class RolloutSpec(Component):
     def generating_version(self, rollout_id: int) -> int:
         """The weight version that generates a rollout: a function of its id and the spec only, so a
         restarted orchestrator generates with the same weights."""
-        return rollout_id if self.mode == "sync" else max(0, rollout_id - self.max_staleness)
+        lag = 0 if self.mode == "sync" else self.max_staleness
+        return max(0, version_before(rollout_id - lag))
 
     @property
     def staleness_bound(self) -> int:

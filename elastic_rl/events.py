@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from checkpoints import layout
 from elastic_rl import jobenv
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
@@ -29,7 +30,7 @@ class EventLog:
     def __init__(self, store: Store, job_id: str, workdir: Path, node: str):
         self.store = store
         self.job_id = job_id
-        self.path = workdir / "events.jsonl"
+        self.path = layout.events_path(workdir)
         self.node = node
 
     async def emit(self, kind: str, message: str, proc: str | None = None, **fields: Any) -> None:

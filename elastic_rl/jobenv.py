@@ -1,9 +1,9 @@
-"""The environment erld gives a job's processes, and the layout of a job's work dir.
+"""The environment erld gives a job's processes.
 
 Each process of a job reads its configuration from these variables: the job
-id, its work dir, the resolved spec (a JSON file in the work dir) and the
-addresses of the job's servers. The path helpers name where each kind of
-bulk data lives in the work dir. No torch here: the CLI uses this module.
+id, its work dir, the resolved spec (a JSON file in the work dir, see
+``checkpoints.layout``) and the addresses of the job's servers. No torch
+here: the CLI uses this module.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import orjson
 
+from checkpoints.layout import spec_path
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 
@@ -36,17 +37,13 @@ RENDEZVOUS = "ERL_RENDEZVOUS"
 ADVERTISE_HOST = "ERL_ADVERTISE_HOST"
 """The address of the process's node that its servers bind and peers reach."""
 
-SPEC_FILE = "spec.json"
-META_FILE = "meta.json"
-
-
 def spec_hash(spec: JobSpec) -> str:
     """A short hash of the resolved spec, recorded in every snapshot."""
     return hashlib.sha256(orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
 def write_spec(workdir: Path, spec: JobSpec) -> Path:
-    path = workdir / SPEC_FILE
+    path = spec_path(workdir)
     write_file_atomic(path, orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS))
     return path
 
@@ -63,62 +60,5 @@ class JobEnv:
         if missing:
             raise RuntimeError(f"not started by erld: {', '.join(missing)} unset")
         workdir = Path(os.environ[WORKDIR])
-        spec = JobSpec.model_validate(orjson.loads((workdir / SPEC_FILE).read_bytes()))
+        spec = JobSpec.model_validate(orjson.loads(spec_path(workdir).read_bytes()))
         return cls(job=os.environ[JOB], workdir=workdir, spec=spec)
-
-
-def weights_root(workdir: Path) -> Path:
-    return workdir / "weights"
-
-
-def weights_dir(workdir: Path, version: int) -> Path:
-    return weights_root(workdir) / str(version)
-
-
-def train_metrics_path(workdir: Path, rollout_id: int) -> Path:
-    return workdir / "metrics" / f"train-{rollout_id:06d}.json"
-
-
-def weights_versions(workdir: Path) -> list[int]:
-    """The exported weight versions, oldest first (a folder appears atomically, whole)."""
-    folder = weights_root(workdir)
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
-
-
-def latest_weights_version(workdir: Path) -> int | None:
-    return max(weights_versions(workdir), default=None)
-
-
-def rollout_dir(workdir: Path, rollout_id: int) -> Path:
-    return workdir / "rollouts" / f"{rollout_id:06d}"
-
-
-def committed_rollouts(workdir: Path) -> list[int]:
-    """Ids of the rollouts whose folders are complete (the folder appears atomically)."""
-    folder = workdir / "rollouts"
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / META_FILE).is_file())
-
-
-def quarantine_path(workdir: Path, rollout_id: int) -> Path:
-    return workdir / "quarantine" / f"rollout-{rollout_id:06d}.json"
-
-
-def quarantined_rollouts(workdir: Path) -> set[int]:
-    """Rollouts the NaN guard set aside: trainers skip them, on a replay too."""
-    folder = workdir / "quarantine"
-    if not folder.is_dir():
-        return set()
-    return {int(p.stem.removeprefix("rollout-")) for p in folder.glob("rollout-*.json")}
-
-
-def rendezvous_path(workdir: Path, group: str, started: int) -> Path:
-    """Where a trainer group that started at ``started`` (ns) meets; a later start meets elsewhere."""
-    return workdir / "rendezvous" / f"{group}-{started}.port"
-
-
-def spare_assignment_path(workdir: Path, spare: str) -> Path:
-    """erld writes {"replica": k, "generation": g} here when the warm spare ``spare-<s>-<generation>``
-    takes replica k's place (a spare started later has another generation, so another file)."""
-    return workdir / "spares" / f"{spare}.json"

@@ -10,7 +10,7 @@ from checkpoints.discovery import newest_committed_snapshot
 from checkpoints.rewind import rewind
 from elastic_rl.config import JobSpec
 from elastic_rl.errors import ElasticRLError, InputError
-from elastic_rl.jobenv import committed_rollouts
+from checkpoints.layout import committed_rollouts, version_after
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
 from elastic_rl.store.devices import ACTIVE_PHASES, all_assignments, free_device_slots, job_statuses, ledger, live_nodes
@@ -132,7 +132,7 @@ async def resume(store: Store, job_id: str, snapshot_step: int | None = None) ->
         progress = await store.get(keys.job_progress(job_id)) or {}
         await store.put(
             keys.job_progress(job_id),
-            {**progress, "rollouts_done": last_rollout + 1, "weight_version": last_rollout + 1, "finished": False},
+            {**progress, "rollouts_done": last_rollout + 1, "weight_version": version_after(last_rollout), "finished": False},
         )
     queued = {"phase": "pending", "reason": "", "resumed": time.time()}
     await store.modify(keys.job_status(job_id), lambda current: {**current, **queued})

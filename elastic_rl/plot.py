@@ -16,6 +16,8 @@ from pathlib import Path
 
 import orjson
 
+from checkpoints import layout
+
 PANELS = (
     ("rollout/reward_mean", "reward"),
     ("train/entropy", "entropy"),
@@ -43,12 +45,12 @@ def plot_run(workdir: Path, out: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    lines = _jsonl(workdir / "metrics.jsonl")
+    lines = _jsonl(layout.metrics_lines_path(workdir))
     if not lines:
         raise ValueError(f"{workdir / 'metrics.jsonl'} holds no rollout yet")
     rollouts = np.array([line["rollout"] for line in lines])
     times = np.array([line["time"] for line in lines])
-    events = [e for e in _jsonl(workdir / "events.jsonl") if e["kind"] in MARKED_EVENTS]
+    events = [e for e in _jsonl(layout.events_path(workdir)) if e["kind"] in MARKED_EVENTS]
     figure, axes = plt.subplots(len(PANELS), 1, sharex=True, figsize=(8, 2.4 * len(PANELS)))
     for axis, (key, label) in zip(axes, PANELS):
         values = np.array([line.get(key, np.nan) for line in lines])

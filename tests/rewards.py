@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 def fake_digit_share(prompt: str, response: str, label: str) -> float:
     """A fake reward: the share of the response's characters that are digits. It differs between
@@ -27,3 +29,8 @@ async def copied_by_key_raising_on_sevens(item) -> dict:
     if item.prompt.label == "7":
         raise ValueError("no rule for sevens")
     return {"copied": float(item.response.startswith(item.prompt.label)), "turns": item.sample.metadata.get("turns")}
+
+
+def exits_the_process(prompt: str, response: str, label: str) -> float:
+    """A fake crash: the orchestrator process dies as from a segfault in native code, every time."""
+    os._exit(3)

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +124,9 @@ class GroupGenerator:
         """Set by a partial rollout that has its groups: requests not yet sent are not sent, except a
         continued group's."""
         self.failed_requests = 0
+        self.serving: Serving | None = None
+        """Set by the orchestrator for each rollout (None: whatever the engines serve, as in tests)."""
+        self._realigning = asyncio.Lock()
 
     def sampling_params(self, seed_parts: tuple, generated: int = 0) -> dict[str, Any]:
         """A request's sampling parameters; ``generated`` tokens of the response exist already."""
@@ -206,25 +210,48 @@ class GroupGenerator:
         await self.router.abort_on_every_worker()
 
     async def request(self, ids: list[int], params: dict[str, Any], abortable: bool) -> dict[str, Any] | None:
-        """The engine's answer; None if a partial rollout filled up before an ``abortable`` request went out."""
+        """The engine's answer; None if a partial rollout filled up before an ``abortable`` request went out.
+
+        An answer from other weights than ``serving`` (a replacement engine that registered on the
+        newest weights mid-rollout) is not used: the engines are realigned and the request sent again.
+        """
         failures = ConsecutiveFailures(self.spec.rollout.max_request_failures)
         while True:
             try:
                 async with self.in_flight or contextlib.nullcontext():
                     if self.full and abortable:
                         return None
-                    return await self.router.generate(ids, params)
+                    result = await self.router.generate(ids, params)
             except EngineRejected:
                 raise
             except EngineError as exc:
-                self.failed_requests += 1
-                if failures.record(True):
-                    raise GaveUp(
-                        f"a generation request failed {failures.count} times in a row "
-                        f"(rollout.max_request_failures); the last: {exc}"
-                    ) from exc
-                log.warning("a generation request failed (%d in a row); sending it again: %s", failures.count, exc)
+                self._failed(failures, str(exc))
                 await asyncio.sleep(min(REQUEST_BACKOFF_MAX_S, REQUEST_BACKOFF_S * 2 ** (failures.count - 1)))
+                continue
+            version = int(result["meta_info"]["weight_version"])
+            if self.serving is None or version == self.serving.version:
+                return result
+            self._failed(failures, f"an engine answered with weights {version}, not {self.serving.version}")
+            async with self._realigning:  # one realignment for every stray answer in flight
+                await self.serving.realign()
+
+    def _failed(self, failures: ConsecutiveFailures, why: str) -> None:
+        self.failed_requests += 1
+        if failures.record(True):
+            raise GaveUp(
+                f"a generation request failed {failures.count} times in a row (rollout.max_request_failures); "
+                f"the last: {why}"
+            )
+        log.warning("a generation request failed (%d in a row); sending it again: %s", failures.count, why)
+
+
+@dataclass
+class Serving:
+    """The weights every engine must serve while the orchestrator generates, and how to make them."""
+
+    version: int
+    realign: Callable[[], Awaitable[Any]]
+    """Loads ``version`` into every engine behind the router that serves other weights."""
 
 
 def checked_generated(made: Any) -> SampleStatus:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from elastic_rl.rollout.batch import RolloutBatch
+from checkpoints.rollout_log import RolloutBatch
 from elastic_rl.rollout.data import Prompt
 
 BufferChoice = Callable[[list["Group"], int], list[int]]

@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 import torch
 
+from checkpoints import layout
 from elastic_rl import jobenv
 from elastic_rl.algo.choices import AlgorithmKind
 from elastic_rl.atomic import write_file_atomic
@@ -41,8 +42,9 @@ from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import GaveUp, SpecError
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
-from elastic_rl.rollout.batch import RolloutBatch, read_rollout, response_mask, write_rollout
+from checkpoints.rollout_log import RolloutBatch, read_rollout, response_mask, write_rollout
 from elastic_rl.rollout.evaluation import Evaluator
+from elastic_rl.rollout.generation import Serving
 from elastic_rl.rollout.groups import samples_record, to_batch
 from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.progress import ProgressReporter
@@ -53,6 +55,7 @@ log = logging.getLogger("elastic_rl.orchestrator")
 
 POLL_INTERVAL_S = 0.05
 RETRY_ENGINES_S = 1.0
+ENGINE_QUERY_TIMEOUT_S = 5.0
 # With the client's backoff (up to 2 s a try) this rides out about half a minute without engines.
 ROUTER_ATTEMPTS = 16
 
@@ -77,7 +80,7 @@ class Orchestrator:
     # --- weights --------------------------------------------------------------
 
     async def wait_for_weights(self, version: int) -> Path:
-        folder = jobenv.weights_dir(self.workdir, version)
+        folder = layout.weights_dir(self.workdir, version)
         while not folder.is_dir():
             await asyncio.sleep(POLL_INTERVAL_S)
         return folder
@@ -88,16 +91,15 @@ class Orchestrator:
             await asyncio.sleep(POLL_INTERVAL_S)
 
     async def serve_version(self, version: int) -> float:
-        """Load weights ``version`` into every engine behind the router; return the seconds the load took.
+        """Load weights ``version`` into every engine behind the router that serves other weights (a
+        replacement engine registers with the newest); return the seconds the loads took.
 
         An engine that cannot take them is dead or dying: once erld has taken it out of the router it
-        is no longer waited for (its replacement loads the newest weights before it serves).
+        is no longer waited for.
         """
-        if self.engine_version == version:
-            return 0.0
         folder = await self.wait_for_weights(version)
         started = time.monotonic()
-        pending = set(await self.router.worker_urls())
+        pending = await self.engines_not_serving(version)
         while pending:
             loads = await asyncio.gather(
                 *(EngineClient(url).update_weights_from_disk(str(folder), str(version)) for url in sorted(pending)),
@@ -113,6 +115,18 @@ class Orchestrator:
                 pending &= await self.router.worker_urls()
         self.engine_version = version
         return time.monotonic() - started
+
+    async def engines_not_serving(self, version: int) -> set[str]:
+        """The engines behind the router that serve other weights than ``version``, or do not answer."""
+        urls = sorted(await self.router.worker_urls())
+        infos = await asyncio.gather(
+            *(EngineClient(url, timeout_s=ENGINE_QUERY_TIMEOUT_S, attempts=1).model_info() for url in urls),
+            return_exceptions=True,
+        )
+        return {
+            url for url, info in zip(urls, infos)
+            if isinstance(info, Exception) or str(info.get("weight_version")) != str(version)
+        }  # fmt: skip
 
     # --- batches --------------------------------------------------------------------
 
@@ -149,7 +163,7 @@ class Orchestrator:
 
     def resume_point(self) -> int:
         """Restore the data source and the buffer from the newest committed rollout; return the next id."""
-        done = jobenv.committed_rollouts(self.workdir)
+        done = layout.committed_rollouts(self.workdir)
         if not done:
             return 0
         _, meta = read_rollout(self.workdir, done[-1])
@@ -187,7 +201,7 @@ class Orchestrator:
 
     def recorded_point(self) -> int:
         """The first rollout without a line in metrics.jsonl; a partial last line (a crash mid-append) is dropped."""
-        path = self.workdir / "metrics.jsonl"
+        path = layout.metrics_lines_path(self.workdir)
         if not path.exists():
             return 0
         raw = path.read_bytes()
@@ -200,21 +214,21 @@ class Orchestrator:
     def trained(self, rollout_id: int) -> bool:
         """Whether the trainers applied a rollout (with debug.rollout_only: whether it is committed)."""
         if self.spec.debug.rollout_only:
-            return rollout_id in jobenv.committed_rollouts(self.workdir)
-        return jobenv.train_metrics_path(self.workdir, rollout_id).is_file()
+            return rollout_id in layout.committed_rollouts(self.workdir)
+        return layout.train_metrics_path(self.workdir, rollout_id).is_file()
 
     async def record_trained(self, rollout_id: int) -> None:
         """Once the trainer has applied ``rollout_id``, log its metrics line and progress."""
         while not self.trained(rollout_id):
             await asyncio.sleep(POLL_INTERVAL_S)
         # Written after the weights it reports on; those may already be pruned.
-        metrics_file = jobenv.train_metrics_path(self.workdir, rollout_id)
+        metrics_file = layout.train_metrics_path(self.workdir, rollout_id)
         trained = orjson.loads(metrics_file.read_bytes()) if metrics_file.is_file() else {}
         _, meta = read_rollout(self.workdir, rollout_id)
         line = {"rollout": rollout_id, "time": time.time(), **meta["metrics"], **trained}
         if rollout_id in self.commit_times:
             line["rollout/commit_time"] = self.commit_times.pop(rollout_id)
-        with open(self.workdir / "metrics.jsonl", "ab") as handle:
+        with open(layout.metrics_lines_path(self.workdir), "ab") as handle:
             handle.write(orjson.dumps(line) + b"\n")
         for sink in self.sinks:
             sink.write(line)
@@ -260,6 +274,7 @@ class Orchestrator:
             if debug.train_only is None:
                 version = 0 if debug.rollout_only else spec.generating_version(rollout_id)
                 load_time = await self.serve_version(version)
+                self.sampler.generator.serving = Serving(version, lambda version=version: self.serve_version(version))
             # In async mode this records the rollouts trained while this one waited for its weights.
             while recorded < rollout_id and self.trained(recorded):
                 await self.record_trained(recorded)

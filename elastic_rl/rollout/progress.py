@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from checkpoints.layout import version_after
 from elastic_rl.events import EventLog
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
@@ -48,7 +49,7 @@ class ProgressReporter:
             keys.job_progress(self.job),
             {
                 "rollouts_done": rollout_id + 1,
-                "weight_version": rollout_id + 1,
+                "weight_version": version_after(rollout_id),
                 "reward_mean": metrics.get("rollout/reward_mean"),
                 "metrics": metrics,
                 "finished": False,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from elastic_rl import jobenv
+from checkpoints import layout
 from elastic_rl.algo.choices import AlgorithmKind
 from elastic_rl.config import DataSpec, JobSpec
 from elastic_rl.errors import SpecError
@@ -77,8 +77,8 @@ def check_data(spec: JobSpec) -> DataReport | None:
     for what would fail it. The report is on the training data file, when there is one."""
     data = spec.data
     source = spec.debug.train_only
-    if source is not None and len(jobenv.committed_rollouts(source)) < spec.rollout.num_rollouts:
-        raise SpecError([f"debug.train_only: {source} holds {len(jobenv.committed_rollouts(source))} committed "
+    if source is not None and len(layout.committed_rollouts(source)) < spec.rollout.num_rollouts:
+        raise SpecError([f"debug.train_only: {source} holds {len(layout.committed_rollouts(source))} committed "
                          f"rollouts, and the job trains {spec.rollout.num_rollouts} (rollout.num_rollouts)"])  # fmt: skip
     for dataset in spec.eval.datasets:
         jsonl_lines(dataset.path, data.prompt_key, data.label_key)

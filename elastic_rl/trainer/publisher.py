@@ -15,8 +15,8 @@ from pathlib import Path
 import orjson
 import torch
 
+from checkpoints import layout
 from checkpoints.retention import prune_weights
-from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 from elastic_rl.model.megatron_state import full_state_dict
@@ -49,15 +49,16 @@ class RolloutPublisher:
             return
         rollout_id, weights, metrics = self.pending
         self.pending = None
-        if not jobenv.weights_dir(self.workdir, rollout_id + 1).exists():
-            log.warning("weights %d were not published by the leader; publishing them", rollout_id + 1)
+        version = layout.version_after(rollout_id)
+        if not layout.weights_dir(self.workdir, version).exists():
+            log.warning("weights %d were not published by the leader; publishing them", version)
             self._write(rollout_id, weights, metrics)
 
     def _write(self, rollout_id: int, weights: dict, metrics: dict) -> None:
-        version = rollout_id + 1
-        target = jobenv.weights_dir(self.workdir, version)
+        version = layout.version_after(rollout_id)
+        target = layout.weights_dir(self.workdir, version)
         # A replayed rollout reproduces weights exported before: kept, or pruned as no longer needed.
-        if not target.exists() and version > (jobenv.latest_weights_version(self.workdir) or 0):
+        if not target.exists() and version > (layout.latest_weights_version(self.workdir) or 0):
             started = time.monotonic()
             try:
                 self.source.export(target, weights)
@@ -65,7 +66,7 @@ class RolloutPublisher:
                 if not target.exists():
                     raise  # not another replica's export of the same version: a real failure
             metrics = {**metrics, "train/export_time": time.monotonic() - started}
-        write_file_atomic(jobenv.train_metrics_path(self.workdir, rollout_id), orjson.dumps(metrics))
+        write_file_atomic(layout.train_metrics_path(self.workdir, rollout_id), orjson.dumps(metrics))
         # Async engines load a version max_staleness behind the newest (and buffered groups wait as long):
         # it must outlive that many exports.
         keep = max(self.spec.checkpoints.keep_weights, self.spec.rollout.staleness_bound + 1)

@@ -38,17 +38,17 @@ import psutil
 import torch
 from torchft import Manager, ProcessGroupGloo
 
+from checkpoints import layout
 from checkpoints.discovery import SnapshotInfo, newest_valid_snapshot
 from checkpoints.retention import apply_retention
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl import jobenv
-from elastic_rl.atomic import write_file_atomic
 from elastic_rl.events import emit_event
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.gpt import init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.net import LOOPBACK
-from elastic_rl.rollout.batch import read_rollout
+from checkpoints.rollout_log import quarantine, read_rollout
 from elastic_rl.trainer.grpo import GrpoTrainer, RolloutContext, StepOutcome
 from elastic_rl.trainer.heal_transport import LoopbackTransport
 from elastic_rl.trainer.lr_schedule import lr_lambda
@@ -134,7 +134,7 @@ class TrainerReplica:
         if self.spare is None:
             return True
         spare = f"spare-{self.spare}-{self.assignment.generation}"
-        path = jobenv.spare_assignment_path(self.workdir, spare)
+        path = layout.spare_assignment_path(self.workdir, spare)
         log.info("warm spare %s ready", spare)
         while not path.is_file():
             if self.stop_request.requested:
@@ -198,7 +198,7 @@ class TrainerReplica:
         self.first_rollout = self.snapshot.last_rollout + 1 if self.snapshot is not None else 0
         self.manager.load_state_dict({"step": self.first_rollout * self.steps_per_rollout, "batches_committed": 0})
         # The rollouts already committed now are a replay.
-        self.replay_end = max(jobenv.committed_rollouts(self.workdir), default=-1)
+        self.replay_end = max(layout.committed_rollouts(self.workdir), default=-1)
         self.replay_started = time.monotonic()
         self.load_s = 0.0
 
@@ -223,7 +223,7 @@ class TrainerReplica:
     def run(self) -> None:
         while (position := self.manager.current_step()) < self.total_steps:
             rollout_id, index = divmod(position, self.steps_per_rollout)
-            if index == 0 and rollout_id in jobenv.quarantined_rollouts(self.workdir):
+            if index == 0 and rollout_id in layout.quarantined_rollouts(self.workdir):
                 self.skip_quarantined(rollout_id, position)
                 continue
             if index == 0 and (self.stop_request.requested or not self.wait_for_rollout(rollout_id)):
@@ -240,7 +240,7 @@ class TrainerReplica:
 
     def wait_for_rollout(self, rollout_id: int) -> bool:
         """Wait until rollout ``rollout_id`` is committed; False if a stop came first."""
-        folder = jobenv.rollout_dir(self.workdir, rollout_id)
+        folder = layout.rollout_dir(self.workdir, rollout_id)
         while not folder.is_dir():
             if self.stop_request.requested:
                 return False
@@ -355,10 +355,7 @@ class TrainerReplica:
         if decision.response is Response.SKIP and outcome.leader and self.rank == 0:
             emit_event("nan_step_skipped", f"{decision.reason}; step {step} redone", self.proc, **where)
         elif decision.response is Response.ROLLBACK:
-            write_file_atomic(
-                jobenv.quarantine_path(self.workdir, rollout_id),
-                orjson.dumps({"rollout_id": rollout_id, "step": step, "reason": decision.reason}),
-            )
+            quarantine(self.workdir, rollout_id, step, decision.reason)
             if outcome.leader and self.rank == 0:
                 emit_event("rollout_quarantined", f"{decision.reason}; rolling back to the newest snapshot",
                            self.proc, **where)  # fmt: skip

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from checkpoints.discovery import newest_valid_snapshot, snapshot_path
+from checkpoints.discovery import newest_valid_snapshot
+from checkpoints.layout import snapshot_path
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl.config import ModelSpec
 from elastic_rl.model.architecture import from_toy_spec

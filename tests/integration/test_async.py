@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from chaos.invariants import check_run, check_rollouts_applied_once, check_staleness, check_whole_batches, read_spec
-from elastic_rl import jobenv
-from elastic_rl.rollout.batch import read_rollout
+from checkpoints import layout
+from checkpoints.rollout_log import read_rollout
 from tests.integration.erld_support import metrics, run_job, status
 
 pytestmark = [pytest.mark.integration]
@@ -42,7 +42,7 @@ def test_two_versions_behind_through_a_trainer_kill(daemon, tmp_path):
     for check in (check_rollouts_applied_once(tmp_path, spec), check_whole_batches(tmp_path, spec),
                   check_staleness(tmp_path, spec)):  # fmt: skip
         assert check.held, check
-    assert jobenv.weights_dir(tmp_path, ROLLOUTS).is_dir()
+    assert layout.weights_dir(tmp_path, ROLLOUTS).is_dir()
 
 
 @pytest.mark.chaos  # `make chaos`: two runs each

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from chaos.topology import Topology
-from elastic_rl import jobenv
+from checkpoints import layout
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import mark_failed
 from tests.integration.erld_support import erl, job_events, metrics, run_job, status
@@ -41,17 +41,17 @@ def job(rollouts: int = ROLLOUTS) -> list[str]:
 
 
 def final_weights(workdir) -> dict[str, torch.Tensor]:
-    return load_file(str(jobenv.weights_dir(workdir, ROLLOUTS) / "model.safetensors"))
+    return load_file(str(layout.weights_dir(workdir, ROLLOUTS) / "model.safetensors"))
 
 
 def assert_every_rollout_once(workdir) -> None:
     """Committed once, trained once, every prompt of the run drawn once, each by one orchestrator."""
-    assert jobenv.committed_rollouts(workdir) == list(range(ROLLOUTS))
+    assert layout.committed_rollouts(workdir) == list(range(ROLLOUTS))
     assert [line["rollout"] for line in metrics(workdir)] == list(range(ROLLOUTS))
     drawn = []
     writers = []
     for rollout_id in range(ROLLOUTS):
-        folder = jobenv.rollout_dir(workdir, rollout_id)
+        folder = layout.rollout_dir(workdir, rollout_id)
         batch = load_file(str(folder / "batch.safetensors"))
         drawn += list(zip(batch["prompt_epochs"].tolist(), batch["prompt_indices"].tolist()))[::16]
         writers.append(orjson.loads((folder / "meta.json").read_bytes())["writer"]["generation"])

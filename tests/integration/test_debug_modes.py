@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elastic_rl import jobenv
-from elastic_rl.rollout.batch import read_rollout
+from checkpoints import layout
+from checkpoints.rollout_log import read_rollout
 from tests.integration.erld_support import erl, job_events, metrics, run_job
 
 pytestmark = [pytest.mark.integration]
@@ -46,4 +46,4 @@ def test_rollout_only_then_train_only_on_its_log(daemon, tmp_path):
     for rollout_id in range(ROLLOUTS):
         source, replayed = read_rollout(generated, rollout_id)[0], read_rollout(trained, rollout_id)[0]
         assert torch.equal(source.tokens, replayed.tokens) and torch.equal(source.rewards, replayed.rewards)
-    assert jobenv.weights_dir(trained, ROLLOUTS).is_dir()
+    assert layout.weights_dir(trained, ROLLOUTS).is_dir()

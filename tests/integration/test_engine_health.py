@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from safetensors.torch import load_file
 
-from elastic_rl import jobenv
+from checkpoints import layout
 from tests.integration.erld_support import erl, job_events, metrics, run_job, status
 
 pytestmark = [pytest.mark.integration]
@@ -36,8 +36,8 @@ def generations_after_last_start(log_text: str) -> int:
 
 def assert_every_group_complete(workdir, rollouts: int = ROLLOUTS) -> None:
     assert [line["rollout"] for line in metrics(workdir)] == list(range(rollouts))
-    for rollout_id in jobenv.committed_rollouts(workdir):
-        batch = load_file(str(jobenv.rollout_dir(workdir, rollout_id) / "batch.safetensors"))
+    for rollout_id in layout.committed_rollouts(workdir):
+        batch = load_file(str(layout.rollout_dir(workdir, rollout_id) / "batch.safetensors"))
         groups = batch["prompt_indices"].view(PROMPTS, SAMPLES)
         assert (groups == groups[:, :1]).all(), rollout_id  # each group whole, its samples together
         assert batch["response_lengths"].min() >= 1, rollout_id

@@ -139,7 +139,7 @@ def test_killed_erld_restarts_and_the_job_completes(daemon, tmp_path):
 def test_process_that_keeps_crashing_fails_the_job_with_a_reason(daemon, tmp_path):
     run = erl(
         "run", str(SPEC), "--workdir", str(tmp_path / "job"), "--etcd", daemon.endpoint,
-        "--set", "rollout.reward=no_such_module:score", "--set", "fault_tolerance.max_restarts=1",
+        "--set", "rollout.reward=tests.rewards:exits_the_process", "--set", "fault_tolerance.max_restarts=1",
         timeout=240,
     )  # fmt: skip
     assert run.returncode == 1
@@ -147,6 +147,15 @@ def test_process_that_keeps_crashing_fails_the_job_with_a_reason(daemon, tmp_pat
     assert final["status"]["phase"] == "failed"
     assert "orchestrator" in final["status"]["reason"] and "restart budget 1" in final["status"]["reason"]
     assert final["procs"]["orchestrator"]["state"] == "failed"
+
+    # A user's function that cannot be imported would fail every restart the same way: no restart.
+    run = erl(
+        "run", str(SPEC), "--workdir", str(tmp_path / "job2"), "--etcd", daemon.endpoint,
+        "--set", "name=unimportable", "--set", "rollout.reward=no_such_module:score", timeout=240,
+    )  # fmt: skip
+    assert run.returncode == 1
+    reason = status(daemon, "unimportable")["status"]["reason"]
+    assert "orchestrator gave up: rollout.reward: cannot load 'no_such_module:score'" in reason, reason
 
 
 @pytest.mark.timeout(300)

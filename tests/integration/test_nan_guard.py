@@ -12,7 +12,7 @@ import pytest
 from chaos.harness import run_scenario
 from chaos.invariants import jsonl
 from chaos.scenario import load_scenario
-from elastic_rl import jobenv
+from checkpoints import layout
 from tests.processes import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
@@ -39,7 +39,7 @@ def test_a_transient_nan_is_skipped_without_a_rollback(tmp_path, cache):
     workdir, kinds, _ = run("nan-transient", tmp_path, cache)
     assert kinds["nan_step_skipped"] == 1, kinds
     assert not kinds["trainer_rollback"] and not kinds["rollout_quarantined"] and not kinds["device_quarantined"]
-    assert jobenv.quarantined_rollouts(workdir) == set()
+    assert layout.quarantined_rollouts(workdir) == set()
 
 
 @pytest.mark.chaos  # `make chaos`, to keep `make test` under 20 minutes: the rollback path
@@ -48,7 +48,7 @@ def test_nan_in_the_data_quarantines_the_batch_and_rolls_back(tmp_path, cache):
     assert kinds["nan_step_skipped"] == 2 and kinds["rollout_quarantined"] == 1, kinds
     assert kinds["trainer_rollback"] == 2, kinds  # both replicas restarted from the newest snapshot
     quarantined = NAN_STEP // 2
-    assert jobenv.quarantined_rollouts(workdir) == {quarantined}
+    assert layout.quarantined_rollouts(workdir) == {quarantined}
     assert jsonl(workdir / "metrics.jsonl")[quarantined]["train/quarantined"] == 1.0
     assert not kinds["device_quarantined"]
 

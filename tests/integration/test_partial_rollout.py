@@ -16,8 +16,8 @@ from chaos.invariants import (
     read_spec,
     unaccounted_groups,
 )
-from elastic_rl import jobenv
-from elastic_rl.rollout.batch import read_rollout
+from checkpoints import layout
+from checkpoints.rollout_log import read_rollout
 from tests.integration.erld_support import metrics, run_job
 
 pytestmark = [pytest.mark.integration]
@@ -40,7 +40,7 @@ JOB = [
 
 def aborted_groups_buffered(workdir) -> bool:
     """A rollout is committed whose buffer holds groups a partial rollout aborted."""
-    for rollout_id in jobenv.committed_rollouts(workdir):
+    for rollout_id in layout.committed_rollouts(workdir):
         buffer = read_rollout(workdir, rollout_id)[1]["buffer"]
         if any(sample["status"] == "aborted" for group in buffer for sample in group["samples"]):
             return True

@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from chaos.invariants import read_spec
-from elastic_rl import jobenv
+from checkpoints import layout
 from elastic_rl.model.tokenizer import load_tokenizer
 from tests.integration.erld_support import job_events, metrics, run_job, status
 
@@ -50,7 +50,7 @@ def test_over_long_prompts_and_unscorable_samples_are_skipped_not_fatal(daemon, 
     tokenizer = load_tokenizer(read_spec(workdir).model)
     skipped, unscorable, tool_calls = [], [], 0
     for rollout_id in range(ROLLOUTS):
-        folder = jobenv.rollout_dir(workdir, rollout_id)
+        folder = layout.rollout_dir(workdir, rollout_id)
         batch = load_file(str(folder / "batch.safetensors"))
         trained = set(batch["prompt_indices"].tolist())
         assert not long & trained  # never generated

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from chaos.invariants import check_rollouts_applied_once, check_whole_batches, read_spec
-from elastic_rl import jobenv
+from checkpoints import layout
 from tests.integration.erld_support import job_events, metrics, run_job
 
 pytestmark = [pytest.mark.integration]
@@ -29,7 +29,7 @@ def replica_job(replicas: int, tensor_parallel: int = 1, warm_spares: int = 0) -
 
 
 def final_weights(workdir) -> dict[str, torch.Tensor]:
-    return load_file(str(jobenv.weights_dir(workdir, ROLLOUTS) / "model.safetensors"))
+    return load_file(str(layout.weights_dir(workdir, ROLLOUTS) / "model.safetensors"))
 
 
 def assert_close_relative(expected: dict, actual: dict, tolerance: float) -> None:

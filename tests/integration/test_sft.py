@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from chaos.invariants import check_run
-from elastic_rl import jobenv
+from checkpoints import layout
 from tests.integration.erld_support import job_events, metrics, run_job, status
 from tests.processes import SPEC
 
@@ -46,7 +46,7 @@ def test_sft_learns_the_copy_task_survives_a_trainer_kill_and_warm_starts_grpo(d
 
     # A warm start: GRPO from the SFT job's last weights, exported as an HF checkpoint, copies at once
     # (a random model scores about 0.02 on the task).
-    grpo = yaml.safe_load(SPEC.read_text()) | {"model": {"hf_checkpoint": str(jobenv.weights_dir(clean, ROLLOUTS))}}
+    grpo = yaml.safe_load(SPEC.read_text()) | {"model": {"hf_checkpoint": str(layout.weights_dir(clean, ROLLOUTS))}}
     (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(grpo))
     run_job(daemon, tmp_path / "grpo", ["--set", "rollout.num_rollouts=1"], spec=tmp_path / "grpo.yaml")
     assert metrics(tmp_path / "grpo")[0]["rollout/reward_mean"] >= 0.9

@@ -9,7 +9,8 @@ import subprocess
 import pytest
 import torch
 
-from checkpoints.discovery import newest_valid_snapshot, snapshot_path
+from checkpoints.discovery import newest_valid_snapshot
+from checkpoints.layout import snapshot_path
 from tests.integration.test_model import run_module_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from checkpoints import layout
 from checkpoints.discovery import (
     newest_valid_snapshot,
     snapshot_path,
@@ -15,7 +16,6 @@ from checkpoints.discovery import (
 from checkpoints.manifest import verify, write_manifest
 from checkpoints.retention import apply_retention, prune_weights
 from checkpoints.rewind import rewind
-from elastic_rl import jobenv
 from elastic_rl.errors import ElasticRLError
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -31,9 +31,9 @@ def make_snapshot(workdir, step, last_rollout, commit=True):
 
 
 def make_rollout(workdir, rollout_id):
-    folder = jobenv.rollout_dir(workdir, rollout_id)
+    folder = layout.rollout_dir(workdir, rollout_id)
     folder.mkdir(parents=True)
-    (folder / jobenv.META_FILE).write_text("{}")
+    (folder / layout.META_FILE).write_text("{}")
 
 
 def test_manifest_catches_every_kind_of_damage(tmp_path):
@@ -72,7 +72,7 @@ def test_retention_truncates_the_log_below_the_oldest_kept_snapshot(tmp_path):
     assert apply_retention(tmp_path, keep_last=2, keep_every=0) == [2, 4]
     assert valid_steps(tmp_path) == [6, 8]
     # The oldest kept snapshot applied rollout 2; the log keeps 2 and what follows.
-    assert jobenv.committed_rollouts(tmp_path) == [2, 3, 4]
+    assert layout.committed_rollouts(tmp_path) == [2, 3, 4]
 
 
 def test_rewind_moves_newer_state_aside(tmp_path):
@@ -80,15 +80,15 @@ def test_rewind_moves_newer_state_aside(tmp_path):
         make_snapshot(tmp_path, step, rollout)
     for rollout in range(4):
         make_rollout(tmp_path, rollout)
-        jobenv.weights_dir(tmp_path, rollout + 1).mkdir(parents=True)
-        jobenv.train_metrics_path(tmp_path, rollout).parent.mkdir(exist_ok=True)
-        jobenv.train_metrics_path(tmp_path, rollout).write_text("{}")
+        layout.weights_dir(tmp_path, rollout + 1).mkdir(parents=True)
+        layout.train_metrics_path(tmp_path, rollout).parent.mkdir(exist_ok=True)
+        layout.train_metrics_path(tmp_path, rollout).write_text("{}")
     (tmp_path / "metrics.jsonl").write_bytes(b"".join(orjson.dumps({"rollout": r}) + b"\n" for r in range(4)))
 
     assert rewind(tmp_path, 4) == 1
     assert valid_steps(tmp_path) == [2, 4]
-    assert jobenv.committed_rollouts(tmp_path) == [0, 1]
-    assert jobenv.latest_weights_version(tmp_path) == 2
+    assert layout.committed_rollouts(tmp_path) == [0, 1]
+    assert layout.latest_weights_version(tmp_path) == 2
     assert [orjson.loads(line)["rollout"] for line in (tmp_path / "metrics.jsonl").read_bytes().splitlines()] == [0, 1]
     aside = next((tmp_path / "rewound").iterdir())
     assert (aside / "rollouts" / "000003").is_dir() and (aside / "snapshots").is_dir()
@@ -125,6 +125,6 @@ def test_weights_retention_keeps_the_newest_the_snapshots_and_the_recently_super
 
 def test_pruning_weights_deletes_their_folders(tmp_path):
     for version in range(4):
-        jobenv.weights_dir(tmp_path, version).mkdir(parents=True)
+        layout.weights_dir(tmp_path, version).mkdir(parents=True)
     assert prune_weights(tmp_path, keep_last=2, grace_s=0) == [0, 1]
-    assert jobenv.weights_versions(tmp_path) == [2, 3]
+    assert layout.weights_versions(tmp_path) == [2, 3]

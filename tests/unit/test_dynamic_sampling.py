@@ -13,6 +13,7 @@ import pytest
 from elastic_rl.config import validate_spec
 from elastic_rl.errors import EngineError, GaveUp, SpecError
 from elastic_rl.rollout import generation
+from elastic_rl.rollout.generation import Serving
 from elastic_rl.model.tokenizer import load_tokenizer
 from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, SampleStatus, Segment, to_batch
@@ -227,3 +228,19 @@ def test_a_users_filter_that_fails_gives_up_with_its_name():
     groups_sampler.buffer.add([group(60, [1.0, 0.0, 0.0, 0.0])])
     with pytest.raises(GaveUp, match=r"rollout.buffer_filter .* failed: ValueError: .*picked \[6\] from 1"):
         asyncio.run(groups_sampler.fill(0))
+
+
+def test_an_answer_from_other_weights_realigns_the_engines_and_is_asked_again():
+    job = spec()
+    groups_sampler, router = sampler(job)
+    router.version = 7  # a replacement engine registered on the newest weights
+    realigned = []
+
+    async def realign():
+        realigned.append(True)
+        router.version = 3
+
+    groups_sampler.generator.serving = Serving(3, realign)
+    filled = asyncio.run(groups_sampler.fill(3))
+    assert realigned and all(sample.version == 3 for group in filled.groups for sample in group.samples)
+    assert filled.metrics["rollout/failed_requests"] > 0

@@ -1,14 +1,19 @@
-"""A rollout batch on disk: what the orchestrator hands the trainers through the work dir.
+"""The rollout log: each rollout's batch as the orchestrator committed it, for the trainers to apply
+and for a resume to replay.
 
-``workdir/rollouts/<id>/`` holds ``batch.safetensors`` (the tensors below) and
-``meta.json`` (rollout id, weight version, the data source's state after the
-draw, and the rollout's own metrics), and a manifest of their sizes and
+``rollouts/<N>/`` holds ``batch.safetensors`` (the tensors of a
+``RolloutBatch``), ``meta.json`` (the data source's and the buffer's state
+after the rollout, the prompts drawn, the groups dropped and why, each
+sample's status, the rollout's metrics) and a manifest of their sizes and
 checksums. The folder appears atomically, so a trainer never sees half a
-batch. Samples of a GRPO group are contiguous.
+batch. Samples of a GRPO group are contiguous. A rollout the NaN guard rolls
+back is quarantined: every trainer skips it, on a replay too. Retention cuts
+the log below the oldest snapshot kept (``cut_below``).
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -17,9 +22,9 @@ import orjson
 import torch
 from safetensors.torch import load_file, save_file
 
+from checkpoints.layout import META_FILE, committed_rollouts, quarantine_path, rollout_dir
 from checkpoints.manifest import write_manifest
-from elastic_rl.atomic import atomic_directory
-from elastic_rl.jobenv import META_FILE, rollout_dir
+from elastic_rl.atomic import atomic_directory, write_file_atomic
 
 BATCH_FILE = "batch.safetensors"
 
@@ -64,3 +69,17 @@ def read_rollout(workdir: Path, rollout_id: int) -> tuple[RolloutBatch, dict[str
     folder = rollout_dir(workdir, rollout_id)
     tensors = load_file(str(folder / BATCH_FILE))
     return RolloutBatch(**tensors), orjson.loads((folder / META_FILE).read_bytes())
+
+
+def quarantine(workdir: Path, rollout_id: int, step: int, reason: str) -> None:
+    """Set a rollout aside: the NaN guard found it poisons the weights."""
+    write_file_atomic(
+        quarantine_path(workdir, rollout_id), orjson.dumps({"rollout_id": rollout_id, "step": step, "reason": reason})
+    )
+
+
+def cut_below(workdir: Path, rollout_id: int) -> None:
+    """Delete the committed rollouts before ``rollout_id`` (no kept snapshot replays them)."""
+    for committed in committed_rollouts(workdir):
+        if committed < rollout_id:
+            shutil.rmtree(rollout_dir(workdir, committed), ignore_errors=True)

@@ -1,0 +1,141 @@
+"""The layout of a job's work dir, and the rule that ties rollouts to weight versions.
+
+Every path a job's processes, erld, the CLI and the chaos harness read or write
+in a work dir is named here, and nowhere else:
+
+    spec.json                 the resolved spec
+    events.jsonl              every event (also in etcd)
+    metrics.jsonl             one line per trained rollout
+    logs/<proc>.log           each process's output
+    rollouts/<N>/             the rollout log (checkpoints.rollout_log)
+    quarantine/rollout-<N>.json   rollouts the NaN guard set aside
+    snapshots/<step>/         DCP snapshots (checkpoints.snapshot)
+    weights/<version>/        HF weights for the engines
+    metrics/train-<N>.json    the trainers' metrics of rollout N
+    rendezvous/, spares/      how trainer processes find each other and their places
+    rewound/<time>/           what `erl resume --snapshot` moved aside
+
+The version rule: weights version 0 is the initial model, and training on
+rollout N publishes version N + 1. No torch here: the CLI uses this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SPEC_FILE = "spec.json"
+META_FILE = "meta.json"
+
+
+# --- the version rule -----------------------------------------------------------------
+
+
+def version_after(rollout_id: int) -> int:
+    """The weights version training on ``rollout_id`` publishes."""
+    return rollout_id + 1
+
+
+def version_before(rollout_id: int) -> int:
+    """The weights trained on every rollout before ``rollout_id``: the newest it can be generated with."""
+    return version_after(rollout_id - 1)
+
+
+# --- files ------------------------------------------------------------------------------
+
+
+def spec_path(workdir: Path) -> Path:
+    return workdir / SPEC_FILE
+
+
+def events_path(workdir: Path) -> Path:
+    return workdir / "events.jsonl"
+
+
+def metrics_lines_path(workdir: Path) -> Path:
+    return workdir / "metrics.jsonl"
+
+
+def logs_dir(workdir: Path) -> Path:
+    return workdir / "logs"
+
+
+def proc_log_path(workdir: Path, proc: str) -> Path:
+    return logs_dir(workdir) / f"{proc}.log"
+
+
+def train_metrics_path(workdir: Path, rollout_id: int) -> Path:
+    return workdir / "metrics" / f"train-{rollout_id:06d}.json"
+
+
+def rewound_dir(workdir: Path, stamp: str) -> Path:
+    return workdir / "rewound" / stamp
+
+
+# --- the rollout log ------------------------------------------------------------------
+
+
+def rollout_dir(workdir: Path, rollout_id: int) -> Path:
+    return workdir / "rollouts" / f"{rollout_id:06d}"
+
+
+def committed_rollouts(workdir: Path) -> list[int]:
+    """Ids of the rollouts whose folders are complete (the folder appears atomically)."""
+    folder = workdir / "rollouts"
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / META_FILE).is_file())
+
+
+def quarantine_path(workdir: Path, rollout_id: int) -> Path:
+    return workdir / "quarantine" / f"rollout-{rollout_id:06d}.json"
+
+
+def quarantined_rollouts(workdir: Path) -> set[int]:
+    """Rollouts the NaN guard set aside: trainers skip them, on a replay too."""
+    folder = workdir / "quarantine"
+    if not folder.is_dir():
+        return set()
+    return {int(p.stem.removeprefix("rollout-")) for p in folder.glob("rollout-*.json")}
+
+
+# --- snapshots and weights ---------------------------------------------------------------
+
+
+def snapshot_root(workdir: Path) -> Path:
+    return workdir / "snapshots"
+
+
+def snapshot_path(workdir: Path, step: int) -> Path:
+    return snapshot_root(workdir) / f"{step:09d}"
+
+
+def weights_root(workdir: Path) -> Path:
+    return workdir / "weights"
+
+
+def weights_dir(workdir: Path, version: int) -> Path:
+    return weights_root(workdir) / str(version)
+
+
+def weights_versions(workdir: Path) -> list[int]:
+    """The exported weight versions, oldest first (a folder appears atomically, whole)."""
+    folder = weights_root(workdir)
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+
+
+def latest_weights_version(workdir: Path) -> int | None:
+    return max(weights_versions(workdir), default=None)
+
+
+# --- trainer processes -------------------------------------------------------------------
+
+
+def rendezvous_path(workdir: Path, group: str, started: int) -> Path:
+    """Where a trainer group that started at ``started`` (ns) meets; a later start meets elsewhere."""
+    return workdir / "rendezvous" / f"{group}-{started}.port"
+
+
+def spare_assignment_path(workdir: Path, spare: str) -> Path:
+    """erld writes {"replica": k, "generation": g} here when the warm spare ``spare-<s>-<generation>``
+    takes replica k's place (a spare started later has another generation, so another file)."""
+    return workdir / "spares" / f"{spare}.json"
