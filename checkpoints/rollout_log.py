@@ -71,6 +71,13 @@ def read_rollout(workdir: Path, rollout_id: int) -> tuple[RolloutBatch, dict[str
     return RolloutBatch(**tensors), orjson.loads((folder / META_FILE).read_bytes())
 
 
+def batch_rows(workdir: Path, rollout_id: int) -> int:
+    """The samples in a committed rollout, from its batch file's header (no tensor is read)."""
+    with open(rollout_dir(workdir, rollout_id) / BATCH_FILE, "rb") as handle:
+        header = orjson.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+    return int(header["tokens"]["shape"][0])
+
+
 def quarantine(workdir: Path, rollout_id: int, step: int, reason: str) -> None:
     """Set a rollout aside: the NaN guard found it poisons the weights."""
     write_file_atomic(

@@ -18,6 +18,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from checkpoints import layout
+from checkpoints.rollout_log import batch_rows
 from elastic_rl.algo.choices import AlgorithmKind
 from elastic_rl.config import DataSpec, JobSpec
 from elastic_rl.errors import SpecError
@@ -77,9 +78,15 @@ def check_data(spec: JobSpec) -> DataReport | None:
     for what would fail it. The report is on the training data file, when there is one."""
     data = spec.data
     source = spec.debug.train_only
-    if source is not None and len(layout.committed_rollouts(source)) < spec.rollout.num_rollouts:
-        raise SpecError([f"debug.train_only: {source} holds {len(layout.committed_rollouts(source))} committed "
-                         f"rollouts, and the job trains {spec.rollout.num_rollouts} (rollout.num_rollouts)"])  # fmt: skip
+    if source is not None:
+        committed = layout.committed_rollouts(source)
+        if len(committed) < spec.rollout.num_rollouts:
+            raise SpecError([f"debug.train_only: {source} holds {len(committed)} committed rollouts, and the job "
+                             f"trains {spec.rollout.num_rollouts} (rollout.num_rollouts)"])  # fmt: skip
+        rows, wanted = batch_rows(source, committed[0]), spec.rollout.samples_per_rollout
+        if rows != wanted:
+            raise SpecError([f"debug.train_only: {source}'s rollouts hold {rows} samples, and the job trains "
+                             f"{wanted} a rollout (rollout.prompts_per_rollout x n_samples_per_prompt)"])  # fmt: skip
     for dataset in spec.eval.datasets:
         jsonl_lines(dataset.path, data.prompt_key, data.label_key)
     if data.path is None:

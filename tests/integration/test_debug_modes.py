@@ -39,6 +39,9 @@ def test_rollout_only_then_train_only_on_its_log(daemon, tmp_path):
     short = erl("submit", "examples/tiny-grpo.yaml", *SHORT[:-4], "--set", "rollout.num_rollouts=5",
                 "--set", f"debug.train_only={generated}", "--workdir", str(tmp_path / "x"), "--etcd", daemon.endpoint)  # fmt: skip
     assert short.returncode == 2 and "holds 3 committed rollouts, and the job trains 5" in short.stderr
+    smaller = erl("submit", "examples/tiny-grpo.yaml", *SHORT, "--set", "rollout.prompts_per_rollout=8",
+                  "--set", f"debug.train_only={generated}", "--workdir", str(tmp_path / "y"), "--etcd", daemon.endpoint)  # fmt: skip
+    assert smaller.returncode == 2 and "rollouts hold 256 samples, and the job trains 128" in smaller.stderr
 
     run_job(daemon, trained, [*SHORT, "--set", f"debug.train_only={generated}"])
     assert not any(name.startswith("engine-") for name in started(trained))
