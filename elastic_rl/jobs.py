@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints.discovery import newest_committed_snapshot
+from checkpoints.layout import committed_rollouts, version_after
 from checkpoints.rewind import rewind
 from elastic_rl.config import JobSpec
 from elastic_rl.errors import ElasticRLError, InputError
-from checkpoints.layout import committed_rollouts, version_after
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
 from elastic_rl.store.devices import ACTIVE_PHASES, all_assignments, free_device_slots, job_statuses, ledger, live_nodes

@@ -1,13 +1,12 @@
 """Users' own generate and reward functions: the multi-turn calculator example's loss mask covers
 only the model's tokens; a reward function may be async, return a dict (rollout.reward_key) or score
 a whole group; whatever such a function gets wrong makes its sample unscorable, counted, and the
-rollout still fills. Generation is a fake router: a request answers max_new_tokens copies of a digit
-drawn from its seed."""
+rollout still fills. Generation is the fake router of the dynamic-sampling tests (a request answers
+max_new_tokens copies of a digit drawn from its seed)."""
 
 from __future__ import annotations
 
 import asyncio
-import random
 
 import pytest
 
@@ -19,6 +18,7 @@ from elastic_rl.rollout.generation import Generated
 from elastic_rl.rollout.groups import Sample, SampleStatus, Segment, to_batch
 from elastic_rl.rollout.sampler import DropReason, GroupSampler
 from elastic_rl.rollout.scoring import RewardInput, Scorer
+from tests.unit.test_dynamic_sampling import FakeRouter
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -36,33 +36,9 @@ def spec(**rollout):
     })  # fmt: skip
 
 
-class FakeDigitsRouter:
-    """A fake of the router: each request answers max_new_tokens copies of one digit from its seed."""
-
-    def __init__(self, tokenizer, version: int = 3):
-        self.digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
-        self.version = version
-        self.requests: list[list[int]] = []
-
-    async def generate(self, ids, params):
-        self.requests.append(list(ids))
-        token = random.Random(params["sampling_seed"]).choice(self.digits)
-        count = params["max_new_tokens"]
-        return {
-            "output_ids": [token] * count,
-            "meta_info": {
-                "output_token_logprobs": [[-1.5, token, None]] * count,
-                "weight_version": str(self.version),
-                "finish_reason": {"type": "length"},
-                "completion_tokens": count,
-                "e2e_latency": 0.01,
-            },
-        }
-
-
 def filled(job, **attributes):
     tokenizer = load_tokenizer(job.model)
-    sampler = GroupSampler(job, tokenizer, FakeDigitsRouter(tokenizer))
+    sampler = GroupSampler(job, tokenizer, FakeRouter(tokenizer, version=3))
     for name, value in attributes.items():
         setattr(sampler.scorer, name, value)
     return asyncio.run(sampler.fill(0)), tokenizer
