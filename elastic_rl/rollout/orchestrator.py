@@ -178,7 +178,7 @@ class Orchestrator:
             batch, metrics = self.supervised_batch(prompts)
             filled = Filled([], drawn=[prompt for prompt, _, _ in prompts], skipped=skipped, metrics=metrics)
         else:
-            filled = await self.sampler.fill(rollout_id)
+            filled = await self.sampler.fill(rollout_id, self.engine_version)
             batch = to_batch(filled.groups, pad_token_id(self.tokenizer))
         if filled.skipped:
             await self.progress.event(

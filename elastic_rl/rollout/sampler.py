@@ -218,12 +218,15 @@ class GroupSampler:
 
     # --- filling a rollout -------------------------------------------------------------------
 
-    async def fill(self, rollout_id: int) -> Filled:
+    async def fill(self, rollout_id: int, version: int | None = None) -> Filled:
+        """The rollout's groups, generated with weights ``version`` (default: the mode's for the rollout)."""
         spec = self.spec.rollout
         wanted = spec.prompts_per_rollout
         filled = Filled([])
         self.generator.failed_requests = 0
-        oldest_allowed = min(rollout_id - spec.staleness_bound, spec.generating_version(rollout_id))
+        # A group is stale past the bound, unless the engines serve no newer weights (debug.rollout_only).
+        version = spec.generating_version(rollout_id) if version is None else version
+        oldest_allowed = min(rollout_id - spec.staleness_bound, version)
         stale = self.buffer.drop_older_than(oldest_allowed)
         filled.dropped += [(group, DropReason.STALE) for group in stale]
         try:

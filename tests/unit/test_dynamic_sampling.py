@@ -123,6 +123,11 @@ def test_stale_buffered_groups_are_dropped_with_their_reason():
     assert [(g.prompt.index, reason) for g, reason in filled.dropped] == [(60, DropReason.STALE)]
     assert filled.groups[0].prompt.index == 61
 
+    # With debug.rollout_only the engines keep weights 0: nothing buffered is staler than what generates.
+    groups_sampler.buffer.add([group(62, [1.0, 0.0, 0.0, 0.0], version=0)])
+    filled = asyncio.run(groups_sampler.fill(5, version=0))
+    assert filled.dropped == [] and 62 in [g.prompt.index for g in filled.groups + groups_sampler.buffer.groups]
+
 
 def test_unscorable_groups_are_skipped_and_a_spent_budget_gives_up(monkeypatch):
     job = spec(max_consecutive_bad_samples=8)
