@@ -75,7 +75,6 @@ class GroupSampler:
     def __init__(self, spec: JobSpec, tokenizer, router: RouterClient):
         self.spec = spec
         self.tokenizer = tokenizer
-        self.router = router
         self.data = DataSource(spec.data, spec.seed)
         self.buffer = GroupBuffer()
         self.scorer = Scorer(spec.rollout, tokenizer)
