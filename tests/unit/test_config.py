@@ -250,15 +250,6 @@ def test_the_prompt_limit_is_what_the_context_leaves():
 # --- GPU fields ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def sglang_installed(monkeypatch):
-    """This machine has no SGLang; the spec's check for it is told otherwise."""
-    import importlib.util
-
-    installed = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "sglang" else installed(name))
-
-
 def test_trainer_dtype_is_fp32_unless_bf16_is_asked_for():
     assert validate_spec({"name": "j"}).trainer.dtype == "fp32"
     spec = validate_spec({"name": "j", "trainer": {"dtype": "bf16"}})
