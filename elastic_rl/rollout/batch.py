@@ -41,12 +41,16 @@ class RolloutBatch:
 
     def response_mask(self) -> torch.Tensor:
         """float32 [N, L]: 1 at the response tokens."""
-        positions = torch.arange(self.tokens.shape[1]).unsqueeze(0)
+        positions = torch.arange(self.tokens.shape[1], device=self.tokens.device).unsqueeze(0)
         start = self.prompt_lengths.unsqueeze(1)
         return ((positions >= start) & (positions < start + self.response_lengths.unsqueeze(1))).float()
 
     def select(self, rows: torch.Tensor | slice) -> RolloutBatch:
         return RolloutBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The batch on ``device`` (itself when it is there already)."""
+        return RolloutBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def write_rollout(workdir: Path, rollout_id: int, batch: RolloutBatch, meta: dict[str, Any]) -> Path:
