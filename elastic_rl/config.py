@@ -309,6 +309,10 @@ class EnginesSpec(Component):
     engine takes one slot."""
     mem_fraction_static: float = Field(0.8, gt=0.0, le=1.0)
     """Fraction of GPU memory SGLang reserves for weights and KV cache."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """What SGLang computes in (its --dtype): the trainer exports float32 weights, which SGLang casts
+    as it loads them (left to itself it would pick float16 for a float32 checkpoint). The cpu engine
+    computes in float32."""
     extra_args: list[str] = []
     """Further SGLang server arguments passed through as written (fp8, DeepEP, speculative decoding)."""
     startup_timeout_s: PositiveFloat = CPU_ENGINE_STARTUP_S
