@@ -57,7 +57,8 @@ class ProcSpec:
 def job_groups(spec: JobSpec) -> list[Group]:
     tp = spec.trainer.tensor_parallel
     replicas, spares = spec.trainer_groups
-    on_gpu = spec.trainer.dtype == "bf16"
+    # bf16, and a broadcast of the weights into the engines over NCCL, need the trainers on GPUs.
+    on_gpu = spec.trainer.dtype == "bf16" or spec.engines.weight_sync == "distributed"
     groups = [Group(SERVICES, GroupKind.SERVICES, 0)]
     groups += [engine_group(spec, i) for i in range(spec.engine_count)]
     groups += [Group(f"replica-{k}", GroupKind.REPLICA, tp, on_gpu) for k in range(replicas)]

@@ -328,6 +328,15 @@ class EnginesSpec(Component):
     health_failure_threshold: PositiveInt = 3
     """Consecutive failed or late health generations, while the server still answers, that make
     an engine unhealthy (a busy engine's health generation queues behind real requests)."""
+    weight_sync: Literal["disk", "distributed"] = "disk"
+    """How engines get each new weight version. disk: they load weights/<version>, which the
+    trainer writes. distributed (SGLang engines in sync mode): first the trainer's rank 0 broadcasts
+    the weights into every engine over NCCL (update_weights_from_distributed), the fast path when
+    engines and trainers share a node; the version is still written to disk, and an engine the
+    broadcast missed loads it from there. Built but never yet run on a GPU (docs/gpu.md)."""
+    weight_sync_timeout_s: PositiveFloat = 300.0
+    """A distributed weight sync not done within this is aborted by a watchdog (never left to
+    NCCL's 30-minute default); the engines then load that version from disk."""
 
     @model_validator(mode="before")
     @classmethod
@@ -670,6 +679,14 @@ class JobSpec(Component):
                         f"of trainer.tensor_parallel ({tp})"
                     )
         self._check_reference()
+        if self.engines.weight_sync == "distributed":
+            if self.engines.kind != "sglang":
+                raise ValueError("engines.weight_sync distributed broadcasts into SGLang engines: set engines.kind sglang, or use disk")
+            if self.rollout.mode != "sync":
+                raise ValueError(
+                    "engines.weight_sync distributed pushes each version as soon as it is trained, and async engines "
+                    "serve an older one: use rollout.mode sync, or weight_sync disk"
+                )
         if self.debug.train_only is not None and self.eval.interval_rollouts:
             raise ValueError("eval generates through the engines, and debug.train_only starts none: remove one")
         if self.prompt_limit < 1:

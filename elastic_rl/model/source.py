@@ -102,9 +102,13 @@ class ModelSource:
                 parameters += sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
         return parameters
 
+    def hf_state(self, canonical_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Trained weights (megatron's canonical state) under the family's HF names, as engines load them."""
+        return to_hf_state(canonical_state, self.architecture)
+
     def export(self, directory: Path, canonical_state: dict[str, torch.Tensor]) -> Path:
         """Write trained weights (megatron's canonical state) as an HF checkpoint, atomically."""
-        return write_hf_checkpoint(directory, to_hf_state(canonical_state, self.architecture), self.files)
+        return write_hf_checkpoint(directory, self.hf_state(canonical_state), self.files)
 
 
 def _tp_size() -> int:

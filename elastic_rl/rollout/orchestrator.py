@@ -38,6 +38,7 @@ from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
+from elastic_rl.errors import EngineError
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
 from elastic_rl.rollout.batch import RolloutBatch, read_rollout, write_rollout
@@ -97,6 +98,9 @@ class Orchestrator:
         folder = await self.wait_for_weights(version)
         started = time.monotonic()
         pending = set(await self.router.worker_urls())
+        if self.spec.engines.weight_sync == "distributed":
+            # The trainer broadcast the version before writing it: only the engines it missed load it from disk.
+            pending = {url for url in pending if not await self._serves(url, version)}
         while pending:
             loads = await asyncio.gather(
                 *(EngineClient(url).update_weights_from_disk(str(folder), str(version)) for url in sorted(pending)),
@@ -112,6 +116,13 @@ class Orchestrator:
                 pending &= await self.router.worker_urls()
         self.engine_version = version
         return time.monotonic() - started
+
+    @staticmethod
+    async def _serves(url: str, version: int) -> bool:
+        try:
+            return (await EngineClient(url).model_info()).get("weight_version") == str(version)
+        except EngineError:
+            return False
 
     # --- batches --------------------------------------------------------------------
 

@@ -58,6 +58,7 @@ from elastic_rl.trainer.heal_transport import LoopbackTransport
 from elastic_rl.trainer.lr_schedule import lr_lambda
 from elastic_rl.trainer.nan_injection import install_from_environment
 from elastic_rl.trainer.publisher import RolloutPublisher
+from elastic_rl.trainer.weight_broadcast import WeightBroadcaster
 from policies.devices import CrossReplicaGroup, Precision, cross_replica_group, precision_problem
 from policies.exits import EXIT_DEVICE_QUARANTINED, EXIT_ROLLBACK
 from policies.nan_guard import Response
@@ -199,7 +200,10 @@ class TrainerReplica:
             self.snapshots.wait_staged,
         )  # fmt: skip
         install_from_environment(self.trainer, self.replica)  # the chaos harness's NaN fault, if it set one
-        self.publisher = RolloutPublisher(spec, self.workdir, self.model, self.source)
+        broadcaster = None
+        if spec.engines.weight_sync == "distributed" and self.rank == 0:
+            broadcaster = WeightBroadcaster(spec, os.environ[jobenv.ROUTER_URL], host, torch.device(self.compute.torch_device))
+        self.publisher = RolloutPublisher(spec, self.workdir, self.model, self.source, broadcaster, self.proc)
         self.leader = self.replica == 0  # until a quorum names participant 0
         self.resume()
         if self.rank == 0:

@@ -281,3 +281,16 @@ def test_torchft_group_on_gpu_and_the_model_parallel_timeout():
     assert baby.fault_tolerance.gpu_process_group == "baby_nccl"
     with pytest.raises(SpecError, match="fault_tolerance.gpu_process_group"):
         validate_spec({"name": "j", "fault_tolerance": {"gpu_process_group": "gloo"}})
+
+
+def test_distributed_weight_sync_needs_sglang_in_sync_mode(sglang_installed):
+    with pytest.raises(SpecError, match="set engines.kind sglang"):
+        validate_spec({"name": "j", "engines": {"weight_sync": "distributed"}})
+    with pytest.raises(SpecError, match="use rollout.mode sync"):
+        validate_spec({
+            "name": "j", "engines": {"kind": "sglang", "weight_sync": "distributed"},
+            "rollout": {"mode": "async", "max_staleness": 1},
+        })  # fmt: skip
+    spec = validate_spec({"name": "j", "engines": {"kind": "sglang", "weight_sync": "distributed"}})
+    assert spec.engines.weight_sync == "distributed" and spec.engines.weight_sync_timeout_s == 300.0
+    assert validate_spec({"name": "j"}).engines.weight_sync == "disk"

@@ -95,3 +95,8 @@ def test_gpus_all_or_a_count_of_the_gpus_nvml_found():
         slots_for("two", 2)
     with pytest.raises(InputError, match="at least 1"):
         slots_for("0", 2)
+
+
+def test_a_weight_broadcast_over_nccl_puts_the_trainers_on_gpus(sglang_installed):
+    spec = validate_spec({"name": "j", "engines": {"kind": "sglang", "weight_sync": "distributed"}})
+    assert all(g.cuda_only for g in job_groups(spec) if g.kind in (GroupKind.REPLICA, GroupKind.ENGINE))
