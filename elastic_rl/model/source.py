@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from elastic_rl.atomic import atomic_directory
 from elastic_rl.config import ModelSpec
+from elastic_rl.device import assigned
 from elastic_rl.model.architecture import Architecture, from_hf_config, from_toy_spec
 from elastic_rl.model.convert.hf_export import (
     CheckpointFiles,
@@ -61,19 +62,21 @@ class ModelSource:
         import_hf_weights(model, self.architecture, checkpoint, parallel_state.get_tensor_model_parallel_rank(), _tp_size())
         return model
 
-    def build_policy(self, precision: Precision = Precision.FP32, device: torch.device | str = "cpu") -> torch.nn.Module:
-        """The policy on this rank with its initial weights, on ``device``. Model parallelism must be initialised."""
+    def build_policy(self, precision: Precision = Precision.FP32, device: torch.device | str | None = None) -> torch.nn.Module:
+        """The policy on this rank with its initial weights, on ``device`` (by default the one erld
+        assigned this process). Model parallelism must be initialised."""
         if self.checkpoint is None:
             model = build_gpt(self.architecture, _tp_size(), precision)
         else:
             model = self._load(self.checkpoint, precision)
-        return model.to(device)
+        return model.to(device or assigned().torch_device)
 
     def build_reference(
         self, policy: torch.nn.Module, reference: str, precision: Precision = Precision.FP32,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,
     ) -> torch.nn.Module:  # fmt: skip
-        """The frozen KL reference on ``device``: a copy of the freshly built policy, or another checkpoint.
+        """The frozen KL reference on ``device`` (by default the process's): a copy of the freshly built
+        policy, or another checkpoint.
 
         Call it before the policy trains or loads a snapshot: every replica, restarted
         or healed, then holds the same reference without a snapshot storing it.
@@ -83,7 +86,7 @@ class ModelSource:
             model.load_state_dict(policy.state_dict())
         else:
             model = self._load(Path(reference), precision)
-        return model.to(device).eval().requires_grad_(False)
+        return model.to(device or assigned().torch_device).eval().requires_grad_(False)
 
     def link_as_export(self, directory: Path) -> int:
         """The pretrained checkpoint as the initial export, its weight files hard-linked (copied across
