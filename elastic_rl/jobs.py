@@ -8,7 +8,7 @@ from typing import Any
 
 from checkpoints.discovery import newest_committed_snapshot
 from checkpoints.rewind import rewind
-from elastic_rl.config import JobSpec
+from elastic_rl.config import EnginesSpec, JobSpec
 from elastic_rl.errors import ElasticRLError, InputError
 from elastic_rl.jobenv import committed_rollouts
 from elastic_rl.store import keys
@@ -172,7 +172,8 @@ async def scale(store: Store, job_id: str, engines: int) -> int:
     assigned = await store.get_prefix(keys.assignments(job_id))
     running = sum(1 for key in assigned if keys.last_part(key).startswith("engine-"))
     if engines > running:
-        per_engine = JobSpec.model_validate(await store.get(keys.job_spec(job_id))).engines.slots
+        # Not validated again: this machine may lack what the job's nodes have (SGLang, say).
+        per_engine = EnginesSpec.model_construct(**(await store.get(keys.job_spec(job_id)))["engines"]).slots
         free = sum(len(slots) // per_engine for slots in (await free_device_slots(store, await job_statuses(store))).values())
         if free < engines - running:
             raise InputError(
