@@ -104,16 +104,19 @@ class ErldNode:
     metrics_port: int | None = None
     environment: dict[str, str] = field(default_factory=dict)
     """Set for the erld and so for every job process it starts (fault injection reaches trainers so)."""
+    gpus: str | None = None
+    """`all` or a count: the node offers its GPUs (`erl daemon --gpus`) instead of ``cpu_devices``."""
     process: subprocess.Popen | None = None
 
     def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         where = ["--etcd", self.etcd] if self.etcd else ["--etcd-port", str(self.etcd_port)]
         metrics = ["--metrics-port", str(self.metrics_port)] if self.metrics_port else []
+        slots = ["--gpus", self.gpus] if self.gpus else ["--cpu-devices", str(self.cpu_devices)]
         log = open(self.state_dir / "erld.log", "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "elastic_rl.cli", "daemon", "--node", self.name, "--state-dir", str(self.state_dir),
-             "--cpu-devices", str(self.cpu_devices), "--lease-ttl", str(self.lease_ttl_s), *where, *metrics],
+             *slots, "--lease-ttl", str(self.lease_ttl_s), *where, *metrics],
             cwd=REPO, env={**os.environ, **self.environment}, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -209,9 +212,10 @@ class Topology:
 
     @classmethod
     def single(
-        cls, root: Path, cpu_devices: int = 8, environment: dict[str, str] | None = None, name: str = "node-0"
-    ) -> Topology:
-        node = ErldNode(name, root / name, cpu_devices, None, etcd_port=free_port(), environment=environment or {})
+        cls, root: Path, cpu_devices: int = 8, environment: dict[str, str] | None = None, name: str = "node-0",
+        gpus: str | None = None,
+    ) -> Topology:  # fmt: skip
+        node = ErldNode(name, root / name, cpu_devices, None, etcd_port=free_port(), environment=environment or {}, gpus=gpus)
         return cls([node])
 
     @classmethod

@@ -31,7 +31,7 @@ BATCH_FILE = "batch.safetensors"
 
 def response_mask(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, width: int) -> torch.Tensor:
     """float32 [N, width]: 1 at the response tokens."""
-    positions = torch.arange(width).unsqueeze(0)
+    positions = torch.arange(width, device=prompt_lengths.device).unsqueeze(0)
     start = prompt_lengths.unsqueeze(1)
     return ((positions >= start) & (positions < start + response_lengths.unsqueeze(1))).float()
 
@@ -54,6 +54,10 @@ class RolloutBatch:
 
     def select(self, rows: torch.Tensor | slice) -> RolloutBatch:
         return RolloutBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The batch on ``device`` (itself when it is there already)."""
+        return RolloutBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def write_rollout(workdir: Path, rollout_id: int, batch: RolloutBatch, meta: dict[str, Any]) -> Path:

@@ -14,7 +14,9 @@ of its own, and rank 0 commits the snapshot by writing its manifest last
 (``checkpoints.manifest``). Only the optimizer step changes what is copied, so
 the training loop goes on (waiting for the next rollout, forward, backward)
 and blocks, at ``wait_staged()`` before its next optimizer step, only if the
-copy is not done by then. DCP's own
+copy is not done by then. The staging buffer is in CPU memory (pinned, for a
+model on a GPU), and a snapshot is loaded through CPU tensors too, so DCP and
+its gloo group only ever see CPU tensors. DCP's own
 ``async_save`` stager fails on CPU-only builds of torch 2.13 ("invalid python
 storage"), hence the thread.
 """
@@ -27,6 +29,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -105,13 +108,13 @@ def _dcp_entries(local: dict[str, tuple[torch.Tensor, int | None]], mesh: Device
 class SnapshotWriter:
     """Takes snapshots of one replica; at most one save in flight."""
 
-    def __init__(self, workdir: Path, async_save: bool, on_committed=None, on_failed=None):
+    def __init__(self, workdir: Path, async_save: bool, on_committed=None, on_failed=None, timeout: timedelta | None = None):
         self.workdir = workdir
         self.async_save = async_save
         self.on_committed = on_committed or (lambda step, path: log.info("snapshot %d committed: %s", step, path))
         self.on_failed = on_failed or (lambda step, error: log.error("snapshot %d failed: %r", step, error))
         # DCP's background writes coordinate on a group of their own, apart from training's collectives.
-        self.group = torch.distributed.new_group(backend="gloo")
+        self.group = torch.distributed.new_group(backend="gloo", timeout=timeout)
         self.mesh = tp_mesh()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
         self.pending: Future | None = None
@@ -168,7 +171,7 @@ class SnapshotWriter:
     def _stage(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         buffer = self.staging.get(name)
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = self.staging[name] = torch.empty_like(tensor)
+            buffer = self.staging[name] = torch.empty_like(tensor, device="cpu", pin_memory=tensor.is_cuda)
         return buffer.copy_(tensor)
 
     def _stage_and_write(self, live: dict[str, tuple[torch.Tensor, int | None]], path: Path, fields: dict) -> None:
@@ -205,11 +208,22 @@ def load_snapshot(state: TrainingState, path: Path) -> tuple[int, int]:
                 "step": torch.tensor(0.0),
                 **{key: torch.zeros_like(param.data) for key in ADAM_STATES},
             }
-    entries = _dcp_entries(_local_entries(state, step=0, last_rollout=0), tp_mesh())
+    live = _local_entries(state, step=0, last_rollout=0)
+    # A GPU tensor is loaded through a CPU twin, then copied in.
+    targets = {name: (_on_cpu(tensor), placement) for name, (tensor, placement) in live.items()}
+    entries = _dcp_entries(targets, tp_mesh())
     dcp.load(entries, storage_reader=SafeFileSystemReader(str(path)))
+    for name, (tensor, _) in live.items():
+        if tensor is not targets[name][0]:
+            tensor.copy_(targets[name][0])
     torch.set_rng_state(entries["meta.rng_cpu"])
     _sync_scheduler(state.scheduler, int(entries["meta.scheduler_epoch"]))
     return int(entries["meta.step"]), int(entries["meta.last_rollout"])
+
+
+def _on_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when it is in CPU memory, else an empty CPU tensor of its shape and dtype."""
+    return tensor if tensor.device.type == "cpu" else torch.empty_like(tensor, device="cpu")
 
 
 def _sync_scheduler(scheduler: torch.optim.lr_scheduler.LRScheduler, epoch: int) -> None:

@@ -35,7 +35,7 @@ import orjson
 
 from daemon import engines
 from daemon.notify import child_environment
-from daemon.plan import Endpoints, ProcSpec, Role, command, process_env, proc_spec, server_url
+from daemon.plan import Endpoints, ProcSpec, Role, command, device_env, process_env, proc_spec, server_url
 from daemon.proctable import LocalProc, ProcessTable, ProcState
 from checkpoints import layout
 from elastic_rl import jobenv
@@ -47,7 +47,8 @@ from elastic_rl.errors import EngineError
 from elastic_rl.net import url
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
-from elastic_rl.store.devices import mark_failed
+from elastic_rl.store.devices import assignment_slots, mark_failed
+from policies.devices import DeviceKind, ProcessDevice
 from policies.exits import ExitAction, ExitFacts, decide_exit
 from policies.restart import RestartPolicy
 
@@ -70,9 +71,11 @@ class JobAgent:
         events: EventLog,
         table: ProcessTable,
         device_cooldown_s: float | None,
+        device_kind: DeviceKind = DeviceKind.CPU,
     ):
         self.job_id, self.spec, self.workdir = job_id, spec, workdir
         self.node, self.host = node, advertise_host
+        self.device_kind = device_kind  # what this node's slots are
         self.store, self.etcd_endpoint, self.events = store, etcd_endpoint, events
         self.table = table
         self.device_cooldown_s = device_cooldown_s
@@ -105,6 +108,8 @@ class JobAgent:
         task.add_done_callback(lambda t: self._background.pop(name, None) if self._background.get(name) is t else None)
 
     def _base_env(self) -> dict[str, str]:
+        """What every process of the job gets; a process without a slot (the services, the initial
+        export) sees no GPU."""
         return {
             **child_environment(),
             jobenv.JOB: self.job_id,
@@ -112,6 +117,7 @@ class JobAgent:
             jobenv.ETCD: self.etcd_endpoint,
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": "1",
+            **device_env(ProcessDevice(DeviceKind.CPU)),
         }
 
     @staticmethod
@@ -293,7 +299,7 @@ class JobAgent:
                 )
                 procs.append(proc)
             due = [p for p in procs if p.state is ProcState.WAITING or (p.state is ProcState.RESTARTING and now >= (p.restart_at or 0))]
-            if any(p.device in failed for p in procs):
+            if any(set(assignment_slots(assignment)) & failed for _, assignment in members):
                 continue  # not on a failed device: the controller is moving the group
             if not due or not await self._ready(members[0][0]):
                 continue
@@ -346,7 +352,7 @@ class JobAgent:
 
     async def _spawn(self, proc: LocalProc, spec: ProcSpec, assignment: dict, endpoints: Endpoints, extra: dict) -> None:
         restarted = proc.state is ProcState.RESTARTING
-        env = {**process_env(spec, assignment, endpoints, self._base_env(), self.host, self.spec.trainer.tensor_parallel), **extra}
+        env = {**process_env(spec, assignment, endpoints, self._base_env(), self.host, self.spec, self.device_kind), **extra}
         self.table.spawn(proc, command(spec, assignment, self.spec, self.workdir, self.host), env, self.workdir)
         await self._publish(proc)
         if restarted:

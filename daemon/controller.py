@@ -31,14 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemon.plan import SERVICES, group_procs, job_groups, proc_spec
+from daemon.plan import SERVICES, engine_group, group_procs, job_groups, proc_spec
 from elastic_rl import jobenv
 from elastic_rl.config import JobSpec
 from elastic_rl.events import EventLog
 from elastic_rl.net import free_port
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
-from elastic_rl.store.devices import used_slots
+from elastic_rl.store.devices import assignment_slots, used_slots
+from policies.devices import DeviceKind
 from policies.placement import Group, GroupKind, place_groups
 
 log = logging.getLogger("erld.controller")
@@ -68,6 +69,10 @@ class Cluster:
             node: [i for i in range(info["devices"]) if i not in used.get(node, set()) | self.failed.get(node, set())]
             for node, info in self.nodes.items()
         }
+
+    def kinds(self) -> dict[str, DeviceKind]:
+        """What each live node's slots are (an erld that says nothing has CPU slots)."""
+        return {node: DeviceKind(info.get("kind", DeviceKind.CPU.value)) for node, info in self.nodes.items()}
 
 
 @dataclass
@@ -130,12 +135,13 @@ class Controller:
     def _wanted(spec: JobSpec, status: dict) -> dict[str, Group]:
         """The job's groups, with the engine count `erl scale` asked for."""
         groups = [g for g in job_groups(spec) if g.kind is not GroupKind.ENGINE]
-        groups += [Group(f"engine-{i}", GroupKind.ENGINE, 1) for i in range(status.get("engines", spec.engine_count))]
+        groups += [engine_group(spec, i) for i in range(status.get("engines", spec.engine_count))]
         return {g.name: g for g in groups}
 
     @staticmethod
     def _assign(group: Group, node: str, devices: tuple[int, ...], nodes: dict, generation: int) -> dict[str, dict]:
-        """Process name -> assignment for a placed group. Servers get a port chosen here."""
+        """Process name -> assignment for a placed group. Servers get a port chosen here. A trainer
+        rank holds one slot; an engine holds the group's slots (``devices`` when more than one)."""
         made = {}
         for rank, proc in enumerate(group_procs(group)):
             assignment = {
@@ -144,6 +150,8 @@ class Controller:
                 "device": devices[rank] if group.slots else None,
                 "generation": generation,
             }
+            if group.kind is GroupKind.ENGINE and group.slots > 1:
+                assignment["devices"] = list(devices)
             if proc.name in ("lighthouse", "router") or group.kind is GroupKind.ENGINE:
                 assignment["port"] = free_port()
             if proc.name == "router":
@@ -154,7 +162,7 @@ class Controller:
     async def _place_new(self, job_id: str, status: dict, cluster: Cluster) -> None:
         spec = await self._spec(job_id)
         wanted = self._wanted(spec, status)
-        placement = place_groups(list(wanted.values()), cluster.free())
+        placement = place_groups(list(wanted.values()), cluster.free(), kinds=cluster.kinds())
         if not placement.complete:
             if status.get("reason") != placement.reason:
                 await self._commit({keys.job_status(job_id): {**status, "reason": placement.reason}})
@@ -222,7 +230,7 @@ class Controller:
                 lost[group] = "scaled away"
             elif node not in cluster.nodes:
                 lost[group] = f"node {node} is gone"
-            elif any(a.get("device") in cluster.failed.get(node, set()) for a in members.values()):
+            elif any(set(assignment_slots(a)) & cluster.failed.get(node, set()) for a in members.values()):
                 lost[group] = f"a device of it on node {node} failed"
             elif any(_reports(reported, n, a, "displaced") for n, a in members.items()):
                 lost[group] = "displaced from its devices"
@@ -265,7 +273,7 @@ class Controller:
         held = {n: a for members in kept.values() for n, a in members.items()}
         free = Cluster(cluster.statuses, {**cluster.assignments, job_id: held}, cluster.nodes, {}, cluster.failed).free()
         existing = {g: (wanted[g].kind, _node_of(m)) for g, m in kept.items() if g in wanted}
-        placement = place_groups(missing, free, existing)
+        placement = place_groups(missing, free, existing, cluster.kinds())
         for group, (node, devices) in placement.assigned.items():
             made = self._assign(wanted[group], node, devices, cluster.nodes, generation)
             for proc, assignment in made.items():

@@ -1,11 +1,15 @@
 """erld, the node daemon: membership in etcd, the controller when it leads, the agent always.
 
     erl daemon --node NAME --advertise-host HOST --cpu-devices N --etcd URL[,URL...]
+    erl daemon --node NAME --advertise-host HOST --gpus all --etcd URL[,URL...]
 
 Every erld holds its node name under a lease (one live erld per name; an erld
 that died on this host is taken over at once). One of them holds the leader
 key and is the controller (``daemon.controller``): it places every job's
-processes. Every erld, the leader too, is an agent (``daemon.agent``): it
+processes. A node's device slots are CPU slots (``--cpu-devices N``) or its
+GPUs (``--gpus all`` or ``--gpus N``, counted through NVML, ``daemon.gpus``);
+the node record says which, and each process runs on its slots by the device
+rule (``policies.devices``). Every erld, the leader too, is an agent (``daemon.agent``): it
 runs exactly the processes assigned to its node. With no ``--etcd`` it starts
 an embedded etcd under its state dir.
 
@@ -51,6 +55,7 @@ from elastic_rl.store import keys
 from elastic_rl.store.client import LeaseExpired, Store, StoreUnavailable
 from elastic_rl.store.devices import all_assignments, failed_slots, ledger, live_nodes
 from elastic_rl.store.embedded import EmbeddedEtcd
+from policies.devices import DeviceKind
 
 log = logging.getLogger("erld")
 
@@ -75,7 +80,10 @@ def erld_alive(pid: int | None) -> bool:
 class NodeConfig:
     name: str
     advertise_host: str = LOOPBACK
-    cpu_devices: int = 4
+    devices: int = 4
+    """Device slots the node offers."""
+    device_kind: DeviceKind = DeviceKind.CPU
+    """What the slots are: CPU slots, or GPUs (slot i is NVML's GPU i)."""
     lease_ttl_s: int = DEFAULT_LEASE_TTL_S
     device_cooldown_s: float | None = None
     """How long a failed device stays failed; None: until `erl devices reset`."""
@@ -109,8 +117,8 @@ class Erld:
         """Hold the node name under a new lease; a live erld holding it already is ``NodeTaken``."""
         self.lease = await self.store.lease(self.config.lease_ttl_s)
         record = {
-            "devices": self.config.cpu_devices,
-            "kind": "cpu",
+            "devices": self.config.devices,
+            "kind": self.config.device_kind.value,
             "started": time.time(),
             "host": socket.gethostname(),
             "advertise_host": self.config.advertise_host,
@@ -229,7 +237,7 @@ class Erld:
         workdir = Path(status["workdir"])
         agent = JobAgent(
             job_id, spec, workdir, self.node, self.config.advertise_host, self.store, self.endpoint,
-            self._events(job_id, workdir), self.table, self.config.device_cooldown_s,
+            self._events(job_id, workdir), self.table, self.config.device_cooldown_s, self.config.device_kind,
         )  # fmt: skip
         agent.lease = self.lease
         agent.submitted = status.get("submitted")
@@ -258,7 +266,8 @@ class Erld:
     def summary(self) -> str:
         running = sum(1 for p in self.table.procs.values() if p.state is ProcState.RUNNING)
         role = "leader" if self.leading else "agent"
-        return f"node {self.node} ({role}): {len(self.agents)} job(s), {running} process(es), {self.config.cpu_devices} device slots"
+        slots = "GPU" if self.config.device_kind is DeviceKind.CUDA else "device"
+        return f"node {self.node} ({role}): {len(self.agents)} job(s), {running} process(es), {self.config.devices} {slots} slots"
 
     async def run(self) -> None:
         await self.join()

@@ -1,13 +1,14 @@
 """A job's processes: their names, roles and groups, and each one's command line and environment.
 
 The plan is pure: the spec gives the groups to place (``policies.placement``)
-and the processes of each; an assignment (which node, slot, port and
-generation the controller chose) and the job's service addresses give a
-process's command and environment. Every URL a process is given is built
+and the processes of each; an assignment (which node, slots, port and
+generation the controller chose), the kind of the node's slots and the job's
+service addresses give a process's command and environment, its device by
+the device rule (``policies.devices``). Every URL a process is given is built
 from the advertise host of the node its server runs on.
 
     services        lighthouse, router, orchestrator (one node, no device slot)
-    engine-<i>      engine-<i>                  (one slot)
+    engine-<i>      engine-<i>                  (engines.tp_size slots on one node; one for a cpu engine)
     replica-<k>     trainer-<k>-<rank>          (trainer.tensor_parallel slots on one node)
     spare-<s>       spare-<s>-<rank>            (likewise, warm spares)
 """
@@ -25,6 +26,8 @@ from elastic_rl.config import JobSpec
 from elastic_rl.engines.launcher import engine_command
 from elastic_rl.engines.router import router_command
 from elastic_rl.net import url
+from elastic_rl.store.devices import assignment_slots
+from policies.devices import DeviceKind, NcclSettings, ProcessDevice, nccl_settings, process_device
 from policies.placement import Group, GroupKind
 
 SERVICES = "services"
@@ -55,11 +58,17 @@ class ProcSpec:
 def job_groups(spec: JobSpec) -> list[Group]:
     tp = spec.trainer.tensor_parallel
     replicas, spares = spec.trainer_groups
+    # bf16, and a broadcast of the weights into the engines over NCCL, need the trainers on GPUs.
+    on_gpu = spec.trainer.dtype == "bf16" or spec.engines.weight_sync == "distributed"
     groups = [Group(SERVICES, GroupKind.SERVICES, 0)]
-    groups += [Group(f"engine-{i}", GroupKind.ENGINE, 1) for i in range(spec.engine_count)]
-    groups += [Group(f"replica-{k}", GroupKind.REPLICA, tp) for k in range(replicas)]
-    groups += [Group(f"spare-{s}", GroupKind.SPARE, tp) for s in range(spares)]
+    groups += [engine_group(spec, i) for i in range(spec.engine_count)]
+    groups += [Group(f"replica-{k}", GroupKind.REPLICA, tp, on_gpu) for k in range(replicas)]
+    groups += [Group(f"spare-{s}", GroupKind.SPARE, tp, on_gpu) for s in range(spares)]
     return groups
+
+
+def engine_group(spec: JobSpec, index: int) -> Group:
+    return Group(f"engine-{index}", GroupKind.ENGINE, spec.engines.slots, spec.engines.kind == "sglang")
 
 
 def group_procs(group: Group) -> list[ProcSpec]:
@@ -98,7 +107,8 @@ def process_env(
     endpoints: Endpoints,
     base: dict[str, str],
     advertise_host: str,
-    tensor_parallel: int,
+    spec: JobSpec,
+    node_kind: DeviceKind,
 ) -> dict[str, str]:
     env = {
         **base,
@@ -110,14 +120,37 @@ def process_env(
     }
     if assignment.get("device") is not None:
         env[jobenv.DEVICE] = str(assignment["device"])
-    if proc.role in (Role.TRAINER, Role.SPARE):
+    trainer = proc.role in (Role.TRAINER, Role.SPARE)
+    uses_gpu = trainer or (proc.role is Role.ENGINE and spec.engines.kind == "sglang")
+    device = process_device(node_kind, assignment_slots(assignment), uses_gpu)
+    ft = spec.fault_tolerance
+    nccl = nccl_settings(ft.quorum_timeout_s, ft.collective_timeout_s) if trainer else None
+    env.update(device_env(device, nccl))
+    if trainer:
         identity = jobenv.REPLICA if proc.role is Role.TRAINER else jobenv.SPARE
         env.update({
             identity: str(proc.group_index),
             "RANK": str(proc.rank),
             "LOCAL_RANK": str(proc.rank),
-            "WORLD_SIZE": str(tensor_parallel),
+            "WORLD_SIZE": str(spec.trainer.tensor_parallel),
             "MASTER_ADDR": advertise_host,
+        })  # fmt: skip
+    return env
+
+
+def device_env(device: ProcessDevice, nccl: NcclSettings | None = None) -> dict[str, str]:
+    """The environment that carries the device rule's decision into a process (and to CUDA, torch
+    and NCCL): the GPUs it sees, in NVML's order; on CUDA, cuBLAS's deterministic workspace and, for
+    a trainer under torchft, NCCL's timeouts."""
+    env = {jobenv.DEVICE_KIND: device.kind.value, jobenv.CUDA_VISIBLE_DEVICES: device.visible_devices}
+    if device.kind is not DeviceKind.CUDA:
+        return env
+    env.update({jobenv.CUDA_DEVICE_ORDER: "PCI_BUS_ID", jobenv.CUBLAS_WORKSPACE_CONFIG: ":4096:8"})
+    if nccl is not None:
+        env.update({
+            jobenv.NCCL_HEARTBEAT_TIMEOUT: str(nccl.heartbeat_timeout_s),
+            jobenv.NCCL_NONBLOCKING_TIMEOUT: str(nccl.nonblocking_timeout_s),
+            jobenv.NCCL_RETHROW_CUDA_ERRORS: "1" if nccl.rethrow_cuda_errors else "0",
         })  # fmt: skip
     return env
 

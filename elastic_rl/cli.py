@@ -306,12 +306,16 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     import socket
 
     from daemon.erld import NodeConfig, serve
+    from daemon.gpus import gpu_slots
+    from policies.devices import DeviceKind
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    kind, devices = (DeviceKind.CUDA, gpu_slots(args.gpus)) if args.gpus else (DeviceKind.CPU, args.cpu_devices)
     config = NodeConfig(
         name=args.node or socket.gethostname(),
         advertise_host=args.advertise_host,
-        cpu_devices=args.cpu_devices,
+        devices=devices,
+        device_kind=kind,
         lease_ttl_s=args.lease_ttl,
         device_cooldown_s=args.device_cooldown,
         metrics_port=args.metrics_port,
@@ -368,8 +372,8 @@ async def _etcd_answers(endpoint: str) -> bool:
     return True
 
 
-async def _start_background_daemon(endpoint: str, cpu_devices: int) -> int:
-    """Start `erl daemon` in its own session; it outlives `erl run`.
+async def _start_background_daemon(endpoint: str, slots: list[str]) -> int:
+    """Start `erl daemon` with the device ``slots`` arguments in its own session; it outlives `erl run`.
 
     It uses the etcd already at ``endpoint`` if one answers there (Debian's
     etcd-server runs one as a service), else starts an embedded one on that port.
@@ -381,8 +385,7 @@ async def _start_background_daemon(endpoint: str, cpu_devices: int) -> int:
         etcd_args = ["--etcd-port", endpoint.rsplit(":", 1)[1]]
     log = open(DAEMON_STATE_DIR / "erld.log", "ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(DAEMON_STATE_DIR),
-         "--cpu-devices", str(cpu_devices), *etcd_args],
+        [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(DAEMON_STATE_DIR), *slots, *etcd_args],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     (DAEMON_STATE_DIR / "erld.pid").write_text(str(process.pid))
@@ -400,7 +403,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
     if not await _daemon_running(endpoint):
         if args.etcd or os.environ.get(ETCD_ENV):
             raise jobs.NoDaemon(jobs.no_daemon_message(endpoint))
-        pid = await _start_background_daemon(endpoint, max(4, spec.devices_needed))
+        # A job that runs only on GPUs gets this machine's GPUs; any other, CPU slots.
+        slots = ["--gpus", "all"] if spec.needs_cuda else ["--cpu-devices", str(max(4, spec.devices_needed))]
+        pid = await _start_background_daemon(endpoint, slots)
         print(f"started erld (pid {pid}, etcd {endpoint}); it keeps running for `erl status`; "
               f"stop it with `erl shutdown`")
     async with Store(endpoint) as store:
@@ -616,14 +621,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     daemon = _command(
         commands, "daemon", "run erld, the node daemon (systemd runs it as a service)",
-        "erl daemon --node gpu-07 --advertise-host 10.0.0.7 --cpu-devices 4 "
+        "erl daemon --node gpu-07 --advertise-host 10.0.0.7 --gpus all "
         "--etcd http://10.0.0.1:2379,http://10.0.0.2:2379,http://10.0.0.3:2379", cmd_daemon, etcd=False,
     )  # fmt: skip
     daemon.add_argument(
         "--etcd", metavar="URL[,URL...]", help="an etcd cluster's members; without it erld starts an embedded etcd"
     )
     daemon.add_argument("--etcd-port", type=int, default=2379, help="client port of the embedded etcd")
-    daemon.add_argument("--cpu-devices", type=int, default=4, help="device slots this node offers (CPU nodes)")
+    slots = daemon.add_mutually_exclusive_group()
+    slots.add_argument("--cpu-devices", type=int, default=4, help="device slots this node offers (CPU nodes)")
+    slots.add_argument(
+        "--gpus", metavar="all|N",
+        help="offer this node's GPUs as its device slots: all of them, or the first N (found through NVML)",
+    )  # fmt: skip
     daemon.add_argument("--state-dir", type=Path, default=DAEMON_STATE_DIR, help="embedded etcd data and erld state")
     daemon.add_argument("--node", help="node name, one erld per name (default: the hostname)")
     daemon.add_argument(

@@ -332,6 +332,10 @@ class RolloutSpec(Component):
         return self.max_staleness if self.mode == "async" or self.buffers_groups else 0
 
 
+CPU_ENGINE_STARTUP_S = 300.0
+SGLANG_ENGINE_STARTUP_S = 1800.0
+
+
 class EnginesSpec(Component):
     """The inference engines behind the router."""
 
@@ -340,13 +344,21 @@ class EnginesSpec(Component):
     count: PositiveInt = 2
     """Number of engines."""
     tp_size: PositiveInt = 1
-    """Tensor parallelism inside one SGLang engine."""
+    """Tensor parallelism inside one SGLang engine: it takes this many GPU slots of one node. A cpu
+    engine takes one slot."""
     mem_fraction_static: float = Field(0.8, gt=0.0, le=1.0)
     """Fraction of GPU memory SGLang reserves for weights and KV cache."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """What SGLang computes in (its --dtype): the trainer exports float32 weights, which SGLang casts
+    as it loads them (left to itself it would pick float16 for a float32 checkpoint). The cpu engine
+    computes in float32."""
     extra_args: list[str] = []
     """Further SGLang server arguments passed through as written (fp8, DeepEP, speculative decoding)."""
-    startup_timeout_s: PositiveFloat = 300.0
-    """How long an engine may take to answer /health after it starts."""
+    startup_timeout_s: PositiveFloat = CPU_ENGINE_STARTUP_S
+    """How long an engine may take to answer /health after it starts; one still silent then is
+    replaced. Default 300 s for cpu engines, 1800 s for sglang: SGLang loads the weights, captures
+    its CUDA graphs and warms up before /health answers, and an engine killed while still
+    capturing never starts."""
     health_interval_s: PositiveFloat = 1.0
     """Interval between /health_generate checks."""
     health_timeout_s: PositiveFloat = 3.0
@@ -355,6 +367,36 @@ class EnginesSpec(Component):
     health_failure_threshold: PositiveInt = 3
     """Consecutive failed or late health generations, while the server still answers, that make
     an engine unhealthy (a busy engine's health generation queues behind real requests)."""
+    weight_sync: Literal["disk", "distributed"] = "disk"
+    """How engines get each new weight version. disk: they load weights/<version>, which the
+    trainer writes. distributed (SGLang engines in sync mode): first the trainer's rank 0 broadcasts
+    the weights into every engine over NCCL (update_weights_from_distributed), the fast path when
+    engines and trainers share a node; the version is still written to disk, and an engine the
+    broadcast missed loads it from there. Built but never yet run on a GPU (docs/gpu.md)."""
+    weight_sync_timeout_s: PositiveFloat = 300.0
+    """A distributed weight sync not done within this is aborted by a watchdog (never left to
+    NCCL's 30-minute default); the engines then load that version from disk."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _startup_wait_of_the_kind(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "sglang" and "startup_timeout_s" not in data:
+            return {**data, "startup_timeout_s": SGLANG_ENGINE_STARTUP_S}
+        return data
+
+    @model_validator(mode="after")
+    def _cpu_engine_on_one_slot(self) -> EnginesSpec:
+        if self.kind == "cpu" and self.tp_size != 1:
+            raise ValueError(
+                f"tp_size ({self.tp_size}) is SGLang's tensor parallelism; a cpu engine runs on one slot: "
+                "remove tp_size or set kind: sglang"
+            )
+        return self
+
+    @property
+    def slots(self) -> int:
+        """Device slots one engine takes."""
+        return self.tp_size
 
     @field_validator("kind")
     @classmethod
@@ -401,6 +443,11 @@ class TrainerSpec(Component):
     cpu_threads: PositiveInt = 1
     """Torch threads of each trainer rank on a CPU node. More is faster where cores are free (in
     sync mode the engines idle while the trainers train); runs compared bit for bit need the same."""
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    """fp32, or bf16: megatron's mixed precision (its autocast: bf16 matrix products over fp32
+    parameters and gradients, so the optimizer and the cross-replica all-reduce stay fp32). bf16
+    runs only on GPU slots: placement puts the replicas on nodes started with `erl daemon --gpus`.
+    Log probabilities, and their comparison with the engine's, are computed in fp32 either way."""
 
     @model_validator(mode="after")
     def _micro_fits(self) -> TrainerSpec:
@@ -568,6 +615,16 @@ class FaultToleranceSpec(Component):
     """torchft: how long a replica waits for a quorum."""
     collective_timeout_s: PositiveFloat = 60.0
     """torchft: timeout of a cross-replica all-reduce, a commit vote and a heal from a peer."""
+    model_parallel_timeout_s: PositiveFloat = 300.0
+    """Timeout of every collective inside one replica (tensor-parallel all-reduces and gathers, the
+    snapshot group's coordination) and of its ranks' rendezvous: a rank waiting longer fails, and
+    erld restarts its replica."""
+    gpu_process_group: Literal["nccl", "baby_nccl"] = "nccl"
+    """torchft's cross-replica group on GPU slots (gloo on CPU slots): nccl (torchft's
+    ProcessGroupNCCL, which aborts a stuck communicator and recovers in process) or baby_nccl
+    (ProcessGroupBabyNCCL: NCCL in a child process, so a dead peer cannot take the trainer down;
+    it costs about 1 GB of GPU memory for the child's CUDA context, and communication no longer
+    overlaps compute)."""
     max_restarts: int = Field(5, ge=0)
     """Restarts of one process allowed within restart_window_s before the job fails."""
     restart_window_s: PositiveFloat = 600.0
@@ -661,6 +718,14 @@ class JobSpec(Component):
                         f"of trainer.tensor_parallel ({tp})"
                     )
         self._check_reference()
+        if self.engines.weight_sync == "distributed":
+            if self.engines.kind != "sglang":
+                raise ValueError("engines.weight_sync distributed broadcasts into SGLang engines: set engines.kind sglang, or use disk")
+            if self.rollout.mode != "sync":
+                raise ValueError(
+                    "engines.weight_sync distributed pushes each version as soon as it is trained, and async engines "
+                    "serve an older one: use rollout.mode sync, or weight_sync disk"
+                )
         if self.debug.train_only is not None and self.eval.interval_rollouts:
             raise ValueError("eval generates through the engines, and debug.train_only starts none: remove one")
         if self.prompt_limit < 1:
@@ -703,8 +768,14 @@ class JobSpec(Component):
 
     @property
     def devices_needed(self) -> int:
-        """Device slots the job takes: one per engine and per trainer rank, warm spares included."""
-        return self.engine_count + sum(self.trainer_groups) * self.trainer.tensor_parallel
+        """Device slots the job takes: each engine's (its tensor-parallel size) and one per trainer
+        rank, warm spares included."""
+        return self.engine_count * self.engines.slots + sum(self.trainer_groups) * self.trainer.tensor_parallel
+
+    @property
+    def needs_cuda(self) -> bool:
+        """Whether the job runs only on GPU slots: SGLang engines, or training in bf16."""
+        return self.engines.kind == "sglang" or self.trainer.dtype == "bf16"
 
     @property
     def resolved_workdir(self) -> Path:

@@ -36,6 +36,16 @@ RENDEZVOUS = "ERL_RENDEZVOUS"
 """A file in the work dir where rank 0 of a trainer group writes the port of the group's store."""
 ADVERTISE_HOST = "ERL_ADVERTISE_HOST"
 """The address of the process's node that its servers bind and peers reach."""
+DEVICE_KIND = "ERL_DEVICE_KIND"
+"""cpu or cuda: what the process computes on (``policies.devices``); unset means cpu."""
+
+# Set by erld from the device rule, read by CUDA, torch and NCCL themselves.
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
+CUBLAS_WORKSPACE_CONFIG = "CUBLAS_WORKSPACE_CONFIG"
+NCCL_HEARTBEAT_TIMEOUT = "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"
+NCCL_RETHROW_CUDA_ERRORS = "TORCH_NCCL_RETHROW_CUDA_ERRORS"
+NCCL_NONBLOCKING_TIMEOUT = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
 
 def spec_hash(spec: JobSpec) -> str:
     """A short hash of the resolved spec, recorded in every snapshot."""

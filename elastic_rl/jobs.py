@@ -9,11 +9,19 @@ from typing import Any
 from checkpoints.discovery import newest_committed_snapshot
 from checkpoints.layout import committed_rollouts, version_after
 from checkpoints.rewind import rewind
-from elastic_rl.config import JobSpec
+from elastic_rl.config import EnginesSpec, JobSpec
 from elastic_rl.errors import ElasticRLError, InputError
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
-from elastic_rl.store.devices import ACTIVE_PHASES, all_assignments, free_device_slots, job_statuses, ledger, live_nodes
+from elastic_rl.store.devices import (
+    ACTIVE_PHASES,
+    all_assignments,
+    assignment_slots,
+    free_device_slots,
+    job_statuses,
+    ledger,
+    live_nodes,
+)
 
 TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 
@@ -164,11 +172,14 @@ async def scale(store: Store, job_id: str, engines: int) -> int:
     assigned = await store.get_prefix(keys.assignments(job_id))
     running = sum(1 for key in assigned if keys.last_part(key).startswith("engine-"))
     if engines > running:
-        free = sum(len(slots) for slots in (await free_device_slots(store, await job_statuses(store))).values())
+        # Not validated again: this machine may lack what the job's nodes have (SGLang, say).
+        per_engine = EnginesSpec.model_construct(**(await store.get(keys.job_spec(job_id)))["engines"]).slots
+        free = sum(len(slots) // per_engine for slots in (await free_device_slots(store, await job_statuses(store))).values())
         if free < engines - running:
             raise InputError(
-                f"job {job_id} runs {running} engines; {engines} need {engines - running} more device slots and the "
-                f"cluster has {free} free: ask for at most {running + free}, or free devices"
+                f"job {job_id} runs {running} engines; {engines} need {(engines - running) * per_engine} more device "
+                f"slots ({per_engine} on one node each) and the cluster has room for {free} more: ask for at most "
+                f"{running + free}, or free devices"
             )
     await store.modify(keys.job_status(job_id), lambda current: {**current, "engines": engines})
     return running
@@ -190,10 +201,11 @@ async def describe_nodes(store: Store) -> dict[str, Any]:
             for proc, assignment in sorted(procs.items()):
                 if assignment["node"] != name:
                     continue
-                if assignment.get("device") is None:
+                slots = assignment_slots(assignment)
+                if not slots:
                     slotless.append(f"{job_id}/{proc}")
-                else:
-                    holders[assignment["device"]] = f"{job_id}/{proc}"
+                for slot in slots:
+                    holders[slot] = f"{job_id}/{proc}"
         devices = []
         for index in range(info["devices"]):
             entry = failed.get(keys.ledger_entry(name, index))

@@ -13,6 +13,10 @@ tensor-parallel ranks, a warm spare's, one engine, or the job's three services
   most free slots, then the name.
 - The services go to the node holding the fewest of the job's groups (the
   node least likely to take a replica down with it), then the name.
+- A group that needs CUDA (an SGLang engine, a replica training in bf16) goes
+  only to a node whose slots are GPUs; a job's trainer groups all go to nodes
+  of one kind, that of the first placed (torchft cannot join a replica on gloo
+  with one on NCCL). A node's kind is CPU unless it is said to be CUDA.
 
 Failed devices are simply not free. Ties always break the same way, so
 placement is deterministic.
@@ -23,6 +27,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
+
+from policies.devices import DeviceKind
 
 
 class GroupKind(Enum):
@@ -41,7 +47,10 @@ class Group:
     """replica-<k>, spare-<s>, engine-<i> or services."""
     kind: GroupKind
     slots: int
-    """Device slots it needs: the tensor-parallel size for trainer groups, 1 for an engine, 0 for services."""
+    """Device slots it needs: the tensor-parallel size for trainer groups, an engine's tensor-parallel
+    size (1 for a cpu engine), 0 for services."""
+    cuda_only: bool = False
+    """It runs only on GPUs: an SGLang engine, or a replica training in bf16."""
 
 
 @dataclass(frozen=True)
@@ -60,16 +69,25 @@ ORDER = {GroupKind.REPLICA: 0, GroupKind.SPARE: 1, GroupKind.ENGINE: 2, GroupKin
 
 
 def place_groups(
-    groups: list[Group], free: dict[str, list[int]], existing: dict[str, tuple[GroupKind, str]] | None = None
+    groups: list[Group],
+    free: dict[str, list[int]],
+    existing: dict[str, tuple[GroupKind, str]] | None = None,
+    kinds: dict[str, DeviceKind] | None = None,
 ) -> Placement:
-    """Place ``groups`` given each live node's free slots and the job's groups already placed
-    (``existing``: group name -> (kind, node)). Groups that fit nowhere are left unplaced."""
+    """Place ``groups`` given each live node's free slots, the job's groups already placed
+    (``existing``: group name -> (kind, node)) and the kind of each node's slots (``kinds``; a node
+    not named is CPU). Groups that fit nowhere are left unplaced."""
     free = {node: sorted(slots) for node, slots in free.items()}
     where = dict(existing or {})
+    kinds = kinds or {}
     assigned: dict[str, tuple[str, tuple[int, ...]]] = {}
     unplaced = []
     for group in sorted(groups, key=lambda g: (ORDER[g.kind], g.name)):
-        fitting = [node for node, slots in free.items() if len(slots) >= group.slots]
+        allowed = _allowed_kinds(group, where, kinds)
+        fitting = [
+            node for node, slots in free.items()
+            if len(slots) >= group.slots and kinds.get(node, DeviceKind.CPU) in allowed
+        ]  # fmt: skip
         if not fitting:
             unplaced.append(group.name)
             continue
@@ -80,10 +98,22 @@ def place_groups(
         where[group.name] = (group.kind, node)
     reason = ""
     if unplaced:
-        needs = ", ".join(f"{g.name} ({g.slots} slots on one node)" for g in groups if g.name in unplaced)
+        needs = ", ".join(
+            f"{g.name} ({g.slots}{' CUDA' if g.cuda_only else ''} slots on one node)" for g in groups if g.name in unplaced
+        )
         have = ", ".join(f"{node}: {len(slots)}" for node, slots in sorted(free.items())) or "no live node"
         reason = f"no node has room for {needs}; free device slots left: {have}"
     return Placement(assigned, tuple(unplaced), reason)
+
+
+def _allowed_kinds(group: Group, where: dict[str, tuple[GroupKind, str]], kinds: dict[str, DeviceKind]) -> set[DeviceKind]:
+    """The kinds of node ``group`` may go to."""
+    allowed = {DeviceKind.CUDA} if group.cuda_only else set(DeviceKind)
+    if group.kind in TRAINER_KINDS:
+        placed = {kinds.get(node, DeviceKind.CPU) for kind, node in where.values() if kind in TRAINER_KINDS}
+        if placed:
+            allowed &= placed
+    return allowed
 
 
 def _same_family(placed: GroupKind, placing: GroupKind) -> bool:

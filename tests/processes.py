@@ -11,11 +11,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from daemon.plan import device_env
 from elastic_rl.config import EnginesSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.launcher import start_engine
 from elastic_rl.engines.router import RouterClient, router_command
 from elastic_rl.net import LOOPBACK, free_port, url
+from policies.devices import DeviceKind, ProcessDevice
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "examples" / "tiny-grpo.yaml"
@@ -88,13 +90,16 @@ def router(engines: list[Server], log_dir: Path) -> Iterator[Server]:
         server.stop()
 
 
-def run_module_ranks(module: str, tp: int, *args) -> None:
-    """Run ``python -m module args`` as `tp` real processes in one gloo group."""
+def run_module_ranks(module: str, tp: int, *args, gpus: bool = False) -> None:
+    """Run ``python -m module args`` as `tp` real processes in one group: gloo on CPU, or with ``gpus``
+    NCCL, rank r on GPU r alone, as erld would start them."""
     port = free_port()
     processes = []
     for rank in range(tp):
+        device = ProcessDevice(DeviceKind.CUDA, (rank,)) if gpus else ProcessDevice(DeviceKind.CPU)
         env = {
             **os.environ,
+            **device_env(device),
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
             "WORLD_SIZE": str(tp),

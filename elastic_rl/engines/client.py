@@ -118,6 +118,36 @@ class EngineClient:
             {"model_path": model_path, "weight_version": weight_version, "abort_all_requests": abort_all_requests},
         )
 
+    # --- weights over NCCL (SGLang only): the trainer is rank 0 of a group the engines join ---
+
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+        timeout_s: float, backend: str = "nccl",
+    ) -> dict[str, Any]:  # fmt: skip
+        """Join the group at ``master_address:master_port`` as ranks ``rank_offset`` onwards (one per
+        tensor-parallel rank of the engine); answers once the engine is in it."""
+        body = {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend,
+        }  # fmt: skip
+        return await self._call("POST", "/init_weights_update_group", body, timeout_s)
+
+    async def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, timeout_s: float,
+        weight_version: str | None = None, flush_cache: bool = True,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Receive the named tensors, in order, by broadcast from rank 0 of ``group_name`` and load
+        them; answers once they are loaded. ``weight_version`` is the version the engine reports after."""
+        body: dict[str, Any] = {
+            "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name, "flush_cache": flush_cache,
+        }  # fmt: skip
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        return await self._call("POST", "/update_weights_from_distributed", body, timeout_s)
+
+    async def destroy_weights_update_group(self, group_name: str, timeout_s: float) -> dict[str, Any]:
+        return await self._call("POST", "/destroy_weights_update_group", {"group_name": group_name}, timeout_s)
+
     async def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
         body: dict[str, Any] = {"abort_all": abort_all}
         if rid is not None:

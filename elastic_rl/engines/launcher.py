@@ -4,7 +4,9 @@
 ``python -m elastic_rl.engines.cpu_server`` (kind ``cpu``) or of
 ``python -m sglang.launch_server`` (kind ``sglang``; the spec's ``extra_args``
 pass through untouched, for fp8, DeepEP, speculative decoding and the like).
-``start_engine`` runs it as a child process.
+An engine's GPUs are not on its command line: erld starts it seeing exactly
+its slots (``CUDA_VISIBLE_DEVICES``, ``daemon.plan``), so SGLang's GPUs 0 to
+tp_size - 1 are its own. ``start_engine`` runs it as a child process.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def engine_command(
         "--host", host,
         "--port", str(port),
         "--tp-size", str(spec.tp_size),
+        "--dtype", spec.dtype,
         "--mem-fraction-static", str(spec.mem_fraction_static),
         "--weight-version", weight_version,
         *determinism,
@@ -58,11 +61,14 @@ def start_engine(
     host: str = "127.0.0.1",
     weight_version: str = "0",
     deterministic: bool = False,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
-    """Start an engine process; wait for it with ``EngineClient.wait_healthy(timeout, process)``."""
+    """Start an engine process (in ``env``, else this process's environment); wait for it with
+    ``EngineClient.wait_healthy(spec.startup_timeout_s, process)``."""
     return subprocess.Popen(
         engine_command(spec, model_path, port, host, weight_version, deterministic),
         stdout=log_file,
         stderr=subprocess.STDOUT if log_file is not None else None,
+        env=env,
     )
 

@@ -16,8 +16,9 @@ megatron-core assumes a GPU in three places that a CPU run reaches:
   The shim replaces it with ``_rotary_embedding_on_cpu``, the same computation
   left on the CPU.
 
-Nothing else is patched. ``apply_cpu_shim`` does nothing when CUDA is present,
-so the same code runs unchanged on GPU nodes.
+Nothing else is patched. ``init_model_parallel`` applies the shim to a
+process on a CPU slot only (the device rule, ``policies.devices``), whether or
+not the machine has CUDA; a process on a GPU keeps megatron's CUDA paths.
 """
 
 from __future__ import annotations
@@ -85,14 +86,11 @@ def _rotary_embedding_on_cpu(self: RotaryEmbedding, max_seq_len: int, offset: in
 
 
 def apply_cpu_shim(seed: int) -> None:
-    """Seed megatron's RNG streams; on a CPU-only machine, patch the three CUDA uses.
+    """Seed megatron's RNG streams as CPU generator states and patch the three CUDA uses.
 
     Call after ``parallel_state.initialize_model_parallel`` and before building
     the model.
     """
-    if torch.cuda.is_available():
-        megatron_random.model_parallel_cuda_manual_seed(seed)
-        return
     tracker = CpuRngStatesTracker()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     tracker.add(megatron_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)

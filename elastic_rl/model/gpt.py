@@ -5,11 +5,19 @@ features the supported families add: q/k/v biases (Qwen2), per-head q/k
 RMSNorm (Qwen3), tied input/output embeddings and linear or llama3 rope
 scaling. A from-scratch model is initialised on the CPU from the full
 (unsharded) tensors, so a given seed gives the same model at every
-tensor-parallel size; a pretrained one is filled by ``convert.hf_import``.
+tensor-parallel size and on either kind of device; a pretrained one is filled
+by ``convert.hf_import``; the caller then moves it to the process's device.
+
+Each process joins its groups with the backend of the device erld assigned
+it (``elastic_rl.device``): gloo with the CPU shim on a CPU slot, NCCL on a
+GPU. In bf16 the forward pass runs under megatron's autocast (bf16 matrix
+products over fp32 parameters and gradients); logits are turned into log
+probabilities in fp32 (``vocab_parallel``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from datetime import timedelta
@@ -21,15 +29,20 @@ from megatron.core import parallel_state
 from torch.distributed import TCPStore
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
 
 from elastic_rl.atomic import write_file_atomic
+from elastic_rl.device import activate, assigned
 from elastic_rl.jobenv import RENDEZVOUS
 from elastic_rl.model.architecture import Architecture
 from elastic_rl.model.cpu_shim import apply_cpu_shim
+from policies.devices import DeviceKind, Precision, ProcessDevice
 
 
-def transformer_config(arch: Architecture, tensor_parallel: int) -> TransformerConfig:
+def transformer_config(arch: Architecture, tensor_parallel: int, precision: Precision = Precision.FP32) -> TransformerConfig:
+    """megatron's config of ``arch``: fp32 parameters always; in bf16 the forward pass autocasts."""
+    mixed = precision is Precision.BF16
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
@@ -56,6 +69,9 @@ def transformer_config(arch: Architecture, tensor_parallel: int) -> TransformerC
         pipeline_dtype=torch.float32,
         bf16=False,
         fp16=False,
+        # megatron's autocast mixed precision: its layers' custom_fwd/custom_bwd keep the backward in step.
+        enable_autocast=mixed,
+        autocast_dtype=torch.bfloat16 if mixed else None,
         gradient_accumulation_fusion=False,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
@@ -64,15 +80,15 @@ def transformer_config(arch: Architecture, tensor_parallel: int) -> TransformerC
     )
 
 
-def build_gpt(arch: Architecture, tensor_parallel: int = 1) -> GPTModel:
-    """The model on this rank, with random weights from the seeded RNG. Model parallelism must be
-    initialised first. The logits stay sharded over the vocabulary (see ``vocab_parallel``).
+def build_gpt(arch: Architecture, tensor_parallel: int = 1, precision: Precision = Precision.FP32) -> GPTModel:
+    """The model on this rank, on the CPU, with random weights from the seeded RNG. Model parallelism
+    must be initialised first. The logits stay sharded over the vocabulary (see ``vocab_parallel``).
     """
     if arch.vocab_size % tensor_parallel:
         raise ValueError(f"vocab size {arch.vocab_size} is not divisible by tensor_parallel {tensor_parallel}")
     scaling = arch.rope_scaling
     model = GPTModel(
-        config=transformer_config(arch, tensor_parallel),
+        config=transformer_config(arch, tensor_parallel, precision),
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm),
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,
@@ -97,20 +113,25 @@ def build_gpt(arch: Architecture, tensor_parallel: int = 1) -> GPTModel:
 
 
 def init_model_parallel(
-    tensor_parallel: int, seed: int, init_method: str | None = None, timeout_s: float = 300.0
+    tensor_parallel: int,
+    seed: int,
+    init_method: str | None = None,
+    timeout_s: float = 300.0,
+    device: ProcessDevice | None = None,
 ) -> None:
-    """Join the process group and set up megatron's groups.
+    """Join the process group and set up megatron's groups, every collective bounded by ``timeout_s``.
 
     Under erld (``ERL_RENDEZVOUS`` set) the group meets at a store rank 0
     opens (``rendezvous_store``); otherwise with no ``init_method`` it comes
     from torchrun-style environment variables, and a ``tcp://`` init method
-    makes a single-process group. On a CPU-only machine the backend is gloo and
-    the CPU shim is applied.
+    makes a single-process group. ``device`` (by default the one erld
+    assigned) decides the backend: on a CPU slot gloo, with the CPU shim; on a
+    GPU NCCL, with megatron's CUDA RNG streams.
     """
+    device = device or assigned()
+    activate(device)
     if not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = device.backend.value
         timeout = timedelta(seconds=timeout_s)
         if os.environ.get(RENDEZVOUS):
             rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -119,8 +140,13 @@ def init_model_parallel(
         else:
             single = {"world_size": 1, "rank": 0} if init_method else {}
             torch.distributed.init_process_group(backend=backend, init_method=init_method, timeout=timeout, **single)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
-    apply_cpu_shim(seed)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tensor_parallel, distributed_timeout_minutes=timeout_s / 60
+    )
+    if device.kind is DeviceKind.CPU:
+        apply_cpu_shim(seed)
+    else:
+        model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
 
 
@@ -149,14 +175,27 @@ def destroy_model_parallel() -> None:
         torch.distributed.destroy_process_group()
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def forward_gpt(model: GPTModel, tokens: torch.Tensor) -> torch.Tensor:
-    """This rank's logits ``[batch, seq, vocab/tp]``.
+    """This rank's logits ``[batch, seq, vocab/tp]``, on the model's device (``tokens`` go there),
+    in bf16 when the model autocasts.
 
     The causal mask is passed explicitly (True = hidden) because megatron's default
     mask is built on the GPU. Sequences are right-padded, so a causal mask alone
     keeps padding out of every real token's attention.
     """
+    tokens = tokens.to(model_device(model))
     seq = tokens.shape[1]
     positions = torch.arange(seq, device=tokens.device).unsqueeze(0).expand_as(tokens)
     mask = torch.ones(seq, seq, dtype=torch.bool, device=tokens.device).triu(diagonal=1)
-    return model(tokens, positions, attention_mask=mask[None, None])
+    config = model.config
+    autocast = (
+        torch.autocast(tokens.device.type, dtype=config.autocast_dtype)
+        if config.enable_autocast
+        else contextlib.nullcontext()
+    )
+    with autocast:
+        return model(tokens, positions, attention_mask=mask[None, None])

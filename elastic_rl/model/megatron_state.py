@@ -29,17 +29,19 @@ def _gather(shard: torch.Tensor, dim: int) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's parameters in the TP=1 layout, on every tensor-parallel rank."""
+    """The model's parameters in the TP=1 layout, in CPU memory, on every tensor-parallel rank.
+    Slices are gathered on the model's device, which is the tensor-parallel group's."""
     state: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():
-        value = param.detach().cpu()
+        value = param.detach()
         if not getattr(param, "tensor_model_parallel", False):
-            state[name] = value.clone()
+            state[name] = value.to("cpu", copy=True)
             continue
         shards = _gather(value, param.partition_dim)
         if name.endswith(GATED_FC1_SUFFIX):
             halves = [shard.chunk(2, dim=0) for shard in shards]
-            state[name] = torch.cat([gate for gate, _ in halves] + [up for _, up in halves], dim=0)
+            full = torch.cat([gate for gate, _ in halves] + [up for _, up in halves], dim=0)
         else:
-            state[name] = torch.cat(shards, dim=param.partition_dim)
+            full = torch.cat(shards, dim=param.partition_dim)
+        state[name] = full.cpu()
     return state

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import torch
 
-from elastic_rl.model.gpt import forward_gpt
+from elastic_rl.model.gpt import forward_gpt, model_device
 from elastic_rl.model.vocab_parallel import entropy, token_log_probs
 
 
 def sequence_log_probs(
     model: torch.nn.Module, tokens: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p, entropy) of each token given its prefix, aligned to ``tokens`` (position 0 is 0)."""
+    """(log p, entropy) of each token given its prefix, aligned to ``tokens`` (position 0 is 0), in
+    fp32 on the model's device, whatever precision the forward pass ran in."""
+    tokens = tokens.to(model_device(model))
     logits = forward_gpt(model, tokens[:, :-1])
     if temperature > 0:
         logits = logits / temperature
     logp = token_log_probs(logits, tokens[:, 1:])
     ent = entropy(logits)
-    pad = torch.zeros(tokens.shape[0], 1)
+    pad = torch.zeros(tokens.shape[0], 1, device=logp.device)
     return torch.cat([pad, logp], dim=1), torch.cat([pad, ent], dim=1)

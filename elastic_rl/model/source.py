@@ -2,7 +2,8 @@
 
 ``ModelSource.from_spec`` reads the spec's model section once and gives every
 process what it needs of the model: its architecture, its tokenizer, the
-policy with its initial weights at a tensor-parallel size, the KL reference,
+policy with its initial weights at a tensor-parallel size (built on the CPU,
+then moved to the process's device, in the job's precision), the KL reference,
 and the export of trained weights as an HF checkpoint of the same family with
 the same config, tokenizer and chat template.
 """
@@ -22,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from elastic_rl.atomic import atomic_directory
 from elastic_rl.config import ModelSpec
+from elastic_rl.device import assigned
 from elastic_rl.model.architecture import Architecture, from_hf_config, from_toy_spec
 from elastic_rl.model.convert.hf_export import (
     CheckpointFiles,
@@ -33,6 +35,7 @@ from elastic_rl.model.convert.hf_export import (
 from elastic_rl.model.convert.hf_import import import_hf_weights
 from elastic_rl.model.gpt import build_gpt
 from elastic_rl.model.tokenizer import load_tokenizer, padded_vocab_size
+from policies.devices import Precision
 
 INITIAL_REFERENCE = "initial"
 
@@ -54,29 +57,36 @@ class ModelSource:
         arch = from_toy_spec(spec, padded_vocab_size(tokenizer))
         return cls(arch, tokenizer, ToyFiles(arch, tokenizer), None)
 
-    def _load(self, checkpoint: Path) -> torch.nn.Module:
-        model = build_gpt(self.architecture, _tp_size())
+    def _load(self, checkpoint: Path, precision: Precision) -> torch.nn.Module:
+        model = build_gpt(self.architecture, _tp_size(), precision)
         import_hf_weights(model, self.architecture, checkpoint, parallel_state.get_tensor_model_parallel_rank(), _tp_size())
         return model
 
-    def build_policy(self) -> torch.nn.Module:
-        """The policy on this rank with its initial weights. Model parallelism must be initialised."""
+    def build_policy(self, precision: Precision = Precision.FP32, device: torch.device | str | None = None) -> torch.nn.Module:
+        """The policy on this rank with its initial weights, on ``device`` (by default the one erld
+        assigned this process). Model parallelism must be initialised."""
         if self.checkpoint is None:
-            return build_gpt(self.architecture, _tp_size())
-        return self._load(self.checkpoint)
+            model = build_gpt(self.architecture, _tp_size(), precision)
+        else:
+            model = self._load(self.checkpoint, precision)
+        return model.to(device or assigned().torch_device)
 
-    def build_reference(self, policy: torch.nn.Module, reference: str) -> torch.nn.Module:
-        """The frozen KL reference: a copy of the freshly built policy, or another checkpoint.
+    def build_reference(
+        self, policy: torch.nn.Module, reference: str, precision: Precision = Precision.FP32,
+        device: torch.device | str | None = None,
+    ) -> torch.nn.Module:  # fmt: skip
+        """The frozen KL reference on ``device`` (by default the process's): a copy of the freshly built
+        policy, or another checkpoint.
 
         Call it before the policy trains or loads a snapshot: every replica, restarted
         or healed, then holds the same reference without a snapshot storing it.
         """
         if reference == INITIAL_REFERENCE:
-            model = build_gpt(self.architecture, _tp_size())
+            model = build_gpt(self.architecture, _tp_size(), precision)
             model.load_state_dict(policy.state_dict())
         else:
-            model = self._load(Path(reference))
-        return model.eval().requires_grad_(False)
+            model = self._load(Path(reference), precision)
+        return model.to(device or assigned().torch_device).eval().requires_grad_(False)
 
     def link_as_export(self, directory: Path) -> int:
         """The pretrained checkpoint as the initial export, its weight files hard-linked (copied across
@@ -95,9 +105,13 @@ class ModelSource:
                 parameters += sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
         return parameters
 
+    def hf_state(self, canonical_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Trained weights (megatron's canonical state) under the family's HF names, as engines load them."""
+        return to_hf_state(canonical_state, self.architecture)
+
     def export(self, directory: Path, canonical_state: dict[str, torch.Tensor]) -> Path:
         """Write trained weights (megatron's canonical state) as an HF checkpoint, atomically."""
-        return write_hf_checkpoint(directory, to_hf_state(canonical_state, self.architecture), self.files)
+        return write_hf_checkpoint(directory, self.hf_state(canonical_state), self.files)
 
 
 def _tp_size() -> int:

@@ -51,6 +51,14 @@ async def ledger(store: Store) -> dict[str, dict[str, Any]]:
     return await store.get_prefix(keys.LEDGER)
 
 
+def assignment_slots(assignment: dict[str, Any]) -> tuple[int, ...]:
+    """The slots an assignment holds: its ``devices`` when it holds several (an SGLang engine with
+    tensor parallelism), else its one ``device``, else none."""
+    if assignment.get("devices"):
+        return tuple(assignment["devices"])
+    return () if assignment.get("device") is None else (assignment["device"],)
+
+
 def used_slots(statuses: dict[str, dict[str, Any]], assignments: dict[str, dict[str, dict[str, Any]]]) -> dict[str, set[int]]:
     """Node -> slots that assignments of active jobs hold."""
     used: dict[str, set[int]] = {}
@@ -58,8 +66,8 @@ def used_slots(statuses: dict[str, dict[str, Any]], assignments: dict[str, dict[
         if statuses.get(job_id, {}).get("phase") not in ACTIVE_PHASES:
             continue
         for assignment in procs.values():
-            if assignment.get("device") is not None:
-                used.setdefault(assignment["node"], set()).add(assignment["device"])
+            for slot in assignment_slots(assignment):
+                used.setdefault(assignment["node"], set()).add(slot)
     return used
 
 

@@ -8,8 +8,9 @@ from megatron.core import parallel_state
 
 def grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
     """The global gradient norm: tensor-parallel shards summed across ranks, replicated ones once."""
-    sharded = torch.zeros(())
-    replicated = torch.zeros(())
+    device = parameters[0].device if parameters else None
+    sharded = torch.zeros((), device=device)
+    replicated = torch.zeros((), device=device)
     for param in parameters:
         if param.grad is None:
             continue

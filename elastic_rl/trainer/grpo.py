@@ -8,6 +8,8 @@ not depend on how many replicas took part. The same all-reduce carries each
 replica's verdict on its own shard (finite or not) and the metric sums, so
 every replica sees the same step and reaches the same NaN/Inf response
 (``policies.nan_guard``). The step is taken only if the Manager commits.
+A rollout's tensors live on the model's device, so every collective runs on
+tensors of its group's device (gloo on CPU, NCCL on a GPU).
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class GrpoTrainer:
         self.replica = replica
         self.reference = reference
         self.parameters = [p for p in model.parameters() if p.requires_grad]
+        self.device = self.parameters[0].device
         self.consecutive_skips = 0
 
     def _micro_batches(self, batch: RolloutBatch, rows: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
@@ -125,17 +128,19 @@ class GrpoTrainer:
 
     @torch.no_grad()
     def _log_probs(self, model, batch: RolloutBatch) -> torch.Tensor:
-        logp = torch.zeros(batch.tokens.shape)
+        logp = torch.zeros(batch.tokens.shape, device=batch.tokens.device)
         for mb, width in self._micro_batches(batch, torch.arange(batch.size)):
             logp[mb, :width] = sequence_log_probs(model, batch.tokens[mb, :width], self.spec.rollout.temperature)[0]
         return logp
 
     def prepare(self, rollout_id: int, batch: RolloutBatch, healed: dict[str, Any] | None = None) -> RolloutContext:
-        """The rollout's shared state, from the current weights, or from a peer mid-rollout."""
+        """The rollout's shared state on the model's device, from the current weights, or from a peer
+        mid-rollout."""
+        batch = batch.to(self.device)
         mask = batch.loss_mask
         if self.spec.algorithm.kind is AlgorithmKind.SFT:
             # The data's NLL needs no old policy, engine log probs or advantages.
-            zeros = torch.zeros(batch.tokens.shape)
+            zeros = torch.zeros(batch.tokens.shape, device=self.device)
             context = RolloutContext(rollout_id, batch, mask, zeros, zeros, None, None, None)
         else:
             context = self._policy_gradient_context(rollout_id, batch, mask, healed)
@@ -205,10 +210,10 @@ class GrpoTrainer:
         local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
 
         # One all-reduce: gradients, metric sums, and per replica slot its verdict and its shard.
-        verdicts = torch.zeros(2 * replicas)
+        verdicts = torch.zeros(2 * replicas, device=self.device)
         verdicts[self.replica] = 0.0 if local_finite else 1.0
         verdicts[replicas + self.replica] = rank + 1
-        flat = torch.cat([p.grad.reshape(-1) for p in self.parameters] + [sums, verdicts])
+        flat = torch.cat([p.grad.reshape(-1) for p in self.parameters] + [sums.to(self.device), verdicts])
         self.manager.allreduce(flat, reduce_op=torch.distributed.ReduceOp.SUM).wait()
         offset = 0
         for param in self.parameters:
@@ -260,14 +265,14 @@ class GrpoTrainer:
             sums = self._shard_loss(ctx, shard, global_tokens, self.spec.trainer.global_batch_size, backward=False)
             return 1.0 if bool(sums.isfinite().all()) else 0.0
 
-        rerun = torch.zeros(replicas)
+        rerun = torch.zeros(replicas, device=self.device)
         if self.replica in health.nonfinite:
             rerun[self.replica] = finite_on(self.replica)
         self.manager.allreduce(rerun, reduce_op=torch.distributed.ReduceOp.SUM).wait()
         health = replace(health, transient=frozenset(r for r in range(replicas) if rerun[r] > 0))
         if not needs_recompute_elsewhere(health):
             return health
-        elsewhere = torch.zeros(replicas)
+        elsewhere = torch.zeros(replicas, device=self.device)
         if self.replica == min(health.participants - health.nonfinite):
             for bad in health.persistent:
                 elsewhere[bad] = finite_on(bad)

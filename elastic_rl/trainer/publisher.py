@@ -3,7 +3,10 @@
 The step's participant 0 publishes. Every replica gathers the weights, as they
 all hold the same ones, so that if the publisher died between its commit and
 its export, another replica's rank 0 writes the missing version while it waits
-for the next rollout (no collective is needed there).
+for the next rollout (no collective is needed there). With
+``engines.weight_sync: distributed`` the publisher first broadcasts a new
+version into the engines (``trainer.weight_broadcast``); the disk copy is
+written either way.
 """
 
 from __future__ import annotations
@@ -19,15 +22,21 @@ from checkpoints import layout
 from checkpoints.retention import prune_weights
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
+from elastic_rl.events import emit_event
 from elastic_rl.model.megatron_state import full_state_dict
 from elastic_rl.model.source import ModelSource
+from elastic_rl.trainer.weight_broadcast import WeightBroadcaster
 
 log = logging.getLogger("elastic_rl.trainer")
 
 
 class RolloutPublisher:
-    def __init__(self, spec: JobSpec, workdir: Path, model: torch.nn.Module, source: ModelSource):
+    def __init__(
+        self, spec: JobSpec, workdir: Path, model: torch.nn.Module, source: ModelSource,
+        broadcaster: WeightBroadcaster | None = None, proc: str = "trainer",
+    ):  # fmt: skip
         self.spec, self.workdir, self.model, self.source = spec, workdir, model, source
+        self.broadcaster, self.proc = broadcaster, proc
         self.rank0 = torch.distributed.get_rank() == 0
         self.pending: tuple[int, dict, dict] | None = None
         self.pending_since = 0.0
@@ -39,7 +48,7 @@ class RolloutPublisher:
         if not self.rank0:
             return
         if exporter:
-            self._write(rollout_id, weights, metrics)
+            self._write(rollout_id, weights, {**metrics, **self._broadcast(layout.version_after(rollout_id), weights)})
         else:
             self.pending, self.pending_since = (rollout_id, weights, metrics), time.monotonic()
 
@@ -53,6 +62,18 @@ class RolloutPublisher:
         if not layout.weights_dir(self.workdir, version).exists():
             log.warning("weights %d were not published by the leader; publishing them", version)
             self._write(rollout_id, weights, metrics)
+
+    def _broadcast(self, version: int, weights: dict) -> dict[str, float]:
+        """Push a new version into the engines over NCCL, when the job asks for it; a replayed one is not new."""
+        if self.broadcaster is None or version <= (layout.latest_weights_version(self.workdir) or 0):
+            return {}
+        started = time.monotonic()
+        took, failure = self.broadcaster.push(version, self.source.hf_state(weights))
+        spent = time.monotonic() - started
+        if failure is not None:
+            emit_event("weight_broadcast_failed", f"weights {version}: {failure}; the engines load them from disk",
+                       self.proc, version=version)  # fmt: skip
+        return {"train/broadcast_time": spent, "train/broadcast_engines": float(len(took))}
 
     def _write(self, rollout_id: int, weights: dict, metrics: dict) -> None:
         version = layout.version_after(rollout_id)

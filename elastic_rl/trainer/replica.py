@@ -1,7 +1,9 @@
 """One tensor-parallel rank of one trainer replica, stepping through the training protocol by name.
 
-It builds the Megatron model and joins the job's torchft quorum through a
-Manager (even with one replica). Its position in the run is the Manager's
+It builds the Megatron model on the device erld assigned it (the device
+rule: a GPU, or a CPU slot; ``elastic_rl.device``) and joins the job's torchft
+quorum through a Manager (even with one replica), over gloo on CPU and NCCL
+(``fault_tolerance.gpu_process_group``) on a GPU. Its position in the run is the Manager's
 step: rollout = step // steps_per_rollout. For each step it waits for the
 orchestrator to commit that rollout, starts a quorum (a replica that is
 behind heals from a peer here, taking its weights, optimizer, schedule and
@@ -36,13 +38,15 @@ from typing import Any
 import orjson
 import psutil
 import torch
-from torchft import Manager, ProcessGroupGloo
+from torchft import Manager, ProcessGroupBabyNCCL, ProcessGroupGloo, ProcessGroupNCCL
 
 from checkpoints import layout
 from checkpoints.discovery import SnapshotInfo, newest_valid_snapshot
 from checkpoints.retention import apply_retention
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl import jobenv
+from elastic_rl import device as process_device
+from elastic_rl.errors import SpecError
 from elastic_rl.events import emit_event
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.gpt import init_model_parallel
@@ -54,6 +58,8 @@ from elastic_rl.trainer.heal_transport import LoopbackTransport
 from elastic_rl.trainer.lr_schedule import lr_lambda
 from elastic_rl.trainer.nan_injection import install_from_environment
 from elastic_rl.trainer.publisher import RolloutPublisher
+from elastic_rl.trainer.weight_broadcast import WeightBroadcaster
+from policies.devices import CrossReplicaGroup, Precision, cross_replica_group, precision_problem
 from policies.exits import EXIT_DEVICE_QUARANTINED, EXIT_ROLLBACK
 from policies.nan_guard import Response
 
@@ -61,6 +67,11 @@ log = logging.getLogger("elastic_rl.trainer")
 
 POLL_INTERVAL_S = 0.05
 SPARE_POLL_INTERVAL_S = 0.01
+TORCHFT_GROUPS = {
+    CrossReplicaGroup.GLOO: ProcessGroupGloo,
+    CrossReplicaGroup.NCCL: ProcessGroupNCCL,
+    CrossReplicaGroup.BABY_NCCL: ProcessGroupBabyNCCL,
+}
 
 
 class StopRequest:
@@ -82,18 +93,27 @@ class TrainerReplica:
         self.stop_request = stop
         self.imports_done = imports_done  # wall-clock time: a resume's first cost ends here
         spec = self.spec
-        self.device = os.environ.get(jobenv.DEVICE)
-        torch.use_deterministic_algorithms(True)
+        self.device = os.environ.get(jobenv.DEVICE)  # the slot, as events name it
+        self.compute = process_device.assigned()
+        precision = Precision(spec.trainer.dtype)
+        problem = precision_problem(self.compute, precision)
+        if problem is not None:
+            raise SpecError([problem])
+        process_device.use_deterministic_algorithms(self.compute)
         torch.set_num_threads(spec.trainer.cpu_threads)
 
-        init_model_parallel(spec.trainer.tensor_parallel, spec.seed)
+        init_model_parallel(
+            spec.trainer.tensor_parallel, spec.seed, timeout_s=spec.fault_tolerance.model_parallel_timeout_s,
+            device=self.compute,
+        )  # fmt: skip
         self.rank = torch.distributed.get_rank()
         self.source = ModelSource.from_spec(spec.model)
-        self.model = self.source.build_policy()
+        where = self.compute.torch_device
+        self.model = self.source.build_policy(precision, where)
         self.reference = None
         if spec.algorithm.kl_coef > 0:
             # Taken before any snapshot or heal: a restarted replica builds the same reference.
-            self.reference = self.source.build_reference(self.model, spec.algorithm.reference)
+            self.reference = self.source.build_reference(self.model, spec.algorithm.reference, precision, where)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=spec.trainer.lr,
@@ -151,8 +171,9 @@ class TrainerReplica:
         spec, ft = self.spec, self.spec.fault_tolerance
         collective_timeout = timedelta(seconds=ft.collective_timeout_s)
         host = os.environ.get(jobenv.ADVERTISE_HOST, LOOPBACK)  # what peers reach this replica at
+        group = cross_replica_group(self.compute, CrossReplicaGroup(ft.gpu_process_group))
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=collective_timeout),
+            pg=TORCHFT_GROUPS[group](timeout=collective_timeout),
             min_replica_size=1,
             load_state_dict=self.heal,
             state_dict=self.heal_state,
@@ -171,14 +192,18 @@ class TrainerReplica:
         )
         self.setup_s = time.time() - self.imports_done  # model, optimizer, process groups, manager
         self.snapshots = SnapshotWriter(
-            self.workdir, spec.checkpoints.async_save, on_committed=self._retain, on_failed=self._save_failed
-        )
+            self.workdir, spec.checkpoints.async_save, on_committed=self._retain, on_failed=self._save_failed,
+            timeout=timedelta(seconds=ft.model_parallel_timeout_s),
+        )  # fmt: skip
         self.trainer = GrpoTrainer(
             spec, self.model, self.optimizer, self.scheduler, self.manager, self.replica, self.reference,
             self.snapshots.wait_staged,
         )  # fmt: skip
         install_from_environment(self.trainer, self.replica)  # the chaos harness's NaN fault, if it set one
-        self.publisher = RolloutPublisher(spec, self.workdir, self.model, self.source)
+        broadcaster = None
+        if spec.engines.weight_sync == "distributed" and self.rank == 0:
+            broadcaster = WeightBroadcaster(spec, os.environ[jobenv.ROUTER_URL], host, torch.device(self.compute.torch_device))
+        self.publisher = RolloutPublisher(spec, self.workdir, self.model, self.source, broadcaster, self.proc)
         self.leader = self.replica == 0  # until a quorum names participant 0
         self.resume()
         if self.rank == 0:

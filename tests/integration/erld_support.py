@@ -39,13 +39,14 @@ def receive(sock: socket.socket, timeout: float, until: str, process: subprocess
 
 
 @contextlib.contextmanager
-def running_daemon(root: Path) -> Iterator[Topology]:
-    """One erld (node "test-node", 8 device slots, an embedded etcd) with its systemd notify socket
-    captured as ``.notify``, stopped at the end."""
+def running_daemon(root: Path, gpus: str | None = None) -> Iterator[Topology]:
+    """One erld (node "test-node", 8 device slots, or with ``gpus`` the machine's GPUs, and an embedded
+    etcd) with its systemd notify socket captured as ``.notify``, stopped at the end."""
     notify_path = root / "notify.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         notify.bind(str(notify_path))
-        topology = Topology.single(root, cpu_devices=8, environment={"NOTIFY_SOCKET": str(notify_path)}, name="test-node")
+        environment = {"NOTIFY_SOCKET": str(notify_path)}
+        topology = Topology.single(root, cpu_devices=8, environment=environment, name="test-node", gpus=gpus)
         with topology:
             topology.notify = notify
             yield topology

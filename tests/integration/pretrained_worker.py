@@ -39,7 +39,7 @@ def main() -> None:
         if rank0:
             target = out / checkpoint.name
             source.export(target / "hf", state)
-            torch.save({"tokens": tokens, "logits": logits}, target / "logits.pt")
+            torch.save({"tokens": tokens, "logits": logits.cpu()}, target / "logits.pt")
     destroy_model_parallel()
 
 

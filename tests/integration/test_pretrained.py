@@ -44,8 +44,12 @@ RANDOM_MODELS = {
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    return make_checkpoints(tmp_path_factory.mktemp("random-models"))
+
+
+def make_checkpoints(root: Path) -> dict[str, Path]:
+    """SmolLM2 and the random models, saved under ``root``, by name."""
     assert (SMOLLM2 / "config.json").is_file(), f"{SMOLLM2} is missing: run `make models`"
-    root = tmp_path_factory.mktemp("random-models")
     found = {"smollm2": SMOLLM2}
     for name, config in RANDOM_MODELS.items():
         torch.manual_seed(0)

@@ -52,3 +52,16 @@ def test_erl_entry_point_exit_code(tmp_path):
     )
     assert out.returncode == 2
     assert "engines.count" in out.stderr
+
+
+def test_daemon_takes_cpu_slots_or_gpus_not_both(capsys):
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["daemon", "--gpus", "all", "--cpu-devices", "3"])
+    assert exited.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_daemon_gpus_without_nvidias_driver_is_refused_before_anything_starts(capsys):
+    # No GPU and no NVML here: `--gpus` says so and what to use instead (exit 2), and starts no etcd.
+    assert main(["daemon", "--gpus", "all", "--etcd-port", "1"]) == 2
+    assert "--cpu-devices" in capsys.readouterr().err

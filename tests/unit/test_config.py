@@ -245,3 +245,52 @@ def test_the_prompt_limit_is_what_the_context_leaves():
     assert load_spec(SPEC, ["rollout.max_prompt_len=10"]).prompt_limit == 10
     (problem,) = problems(SPEC, "rollout.max_new_tokens=64")
     assert "leaves no room for a prompt" in problem
+
+
+# --- GPU fields ------------------------------------------------------------------------
+
+
+def test_trainer_dtype_is_fp32_unless_bf16_is_asked_for():
+    assert validate_spec({"name": "j"}).trainer.dtype == "fp32"
+    spec = validate_spec({"name": "j", "trainer": {"dtype": "bf16"}})
+    assert spec.trainer.dtype == "bf16" and spec.needs_cuda
+    with pytest.raises(SpecError, match=r"trainer.dtype: Input should be 'fp32' or 'bf16'"):
+        validate_spec({"name": "j", "trainer": {"dtype": "fp16"}})
+
+
+def test_a_cpu_engine_takes_one_slot():
+    with pytest.raises(SpecError, match="a cpu engine runs on one slot"):
+        validate_spec({"name": "j", "engines": {"kind": "cpu", "tp_size": 2}})
+    assert not validate_spec({"name": "j"}).needs_cuda
+
+
+def test_an_sglang_engine_takes_its_tensor_parallel_slots_and_waits_long_for_its_first_health(sglang_installed):
+    spec = validate_spec({"name": "j", "engines": {"kind": "sglang", "tp_size": 2, "count": 3}})
+    assert spec.engines.slots == 2 and spec.devices_needed == 3 * 2 + 1
+    assert spec.needs_cuda
+    assert spec.engines.startup_timeout_s == 1800.0  # CUDA graph capture comes before /health answers
+    given = validate_spec({"name": "j", "engines": {"kind": "sglang", "startup_timeout_s": 600}})
+    assert given.engines.startup_timeout_s == 600.0
+    assert validate_spec({"name": "j"}).engines.startup_timeout_s == 300.0
+
+
+def test_torchft_group_on_gpu_and_the_model_parallel_timeout():
+    spec = validate_spec({"name": "j"})
+    assert spec.fault_tolerance.gpu_process_group == "nccl" and spec.fault_tolerance.model_parallel_timeout_s == 300.0
+    baby = validate_spec({"name": "j", "fault_tolerance": {"gpu_process_group": "baby_nccl"}})
+    assert baby.fault_tolerance.gpu_process_group == "baby_nccl"
+    with pytest.raises(SpecError, match="fault_tolerance.gpu_process_group"):
+        validate_spec({"name": "j", "fault_tolerance": {"gpu_process_group": "gloo"}})
+
+
+def test_distributed_weight_sync_needs_sglang_in_sync_mode(sglang_installed):
+    with pytest.raises(SpecError, match="set engines.kind sglang"):
+        validate_spec({"name": "j", "engines": {"weight_sync": "distributed"}})
+    with pytest.raises(SpecError, match="use rollout.mode sync"):
+        validate_spec({
+            "name": "j", "engines": {"kind": "sglang", "weight_sync": "distributed"},
+            "rollout": {"mode": "async", "max_staleness": 1},
+        })  # fmt: skip
+    spec = validate_spec({"name": "j", "engines": {"kind": "sglang", "weight_sync": "distributed"}})
+    assert spec.engines.weight_sync == "distributed" and spec.engines.weight_sync_timeout_s == 300.0
+    assert validate_spec({"name": "j"}).engines.weight_sync == "disk"

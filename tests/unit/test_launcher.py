@@ -26,6 +26,7 @@ def test_sglang_command_passes_extra_args_through():
     spec = EnginesSpec.model_construct(
         kind="sglang",
         tp_size=2,
+        dtype="bfloat16",
         mem_fraction_static=0.7,
         extra_args=["--quantization", "fp8", "--speculative-algorithm", "EAGLE"],
     )
@@ -33,5 +34,7 @@ def test_sglang_command_passes_extra_args_through():
     assert command[:3] == [sys.executable, "-m", "sglang.launch_server"]
     assert command[command.index("--tp-size") + 1] == "2"
     assert command[command.index("--mem-fraction-static") + 1] == "0.7"
+    assert command[command.index("--dtype") + 1] == "bfloat16"  # not SGLang's float16 for a float32 checkpoint
+    assert "--base-gpu-id" not in command  # its GPUs come from CUDA_VISIBLE_DEVICES
     assert "--enable-deterministic-inference" in command
     assert command[-4:] == ["--quantization", "fp8", "--speculative-algorithm", "EAGLE"]

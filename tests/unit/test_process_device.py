@@ -1,0 +1,43 @@
+"""Inside a process: the device erld assigned it, read back from the environment, and what it
+means for megatron's config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elastic_rl import device, jobenv
+from elastic_rl.config import ModelSpec
+from elastic_rl.model.architecture import from_toy_spec
+from elastic_rl.model.gpt import transformer_config
+from policies.devices import DeviceKind, Precision, ProcessDevice
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+def test_a_process_erld_did_not_start_is_a_cpu_process(monkeypatch):
+    monkeypatch.delenv(jobenv.DEVICE_KIND, raising=False)
+    monkeypatch.setenv(jobenv.CUDA_VISIBLE_DEVICES, "0,1")
+    assert device.assigned() == ProcessDevice(DeviceKind.CPU)
+    assert device.activate(device.assigned()) == torch.device("cpu")
+
+
+def test_a_gpu_process_reads_its_slots_back(monkeypatch):
+    monkeypatch.setenv(jobenv.DEVICE_KIND, "cuda")
+    monkeypatch.setenv(jobenv.CUDA_VISIBLE_DEVICES, "4,5")
+    assert device.assigned() == ProcessDevice(DeviceKind.CUDA, (4, 5))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is missing")
+def test_a_gpu_slot_without_cuda_says_what_is_missing():
+    with pytest.raises(RuntimeError, match=r"GPU slot\(s\) \[3\].*no CUDA device"):
+        device.activate(ProcessDevice(DeviceKind.CUDA, (3,)))
+
+
+def test_bf16_is_megatrons_autocast_over_fp32_parameters():
+    arch = from_toy_spec(ModelSpec(), 64)
+    fp32 = transformer_config(arch, 1)
+    assert not fp32.enable_autocast and fp32.params_dtype == torch.float32
+    mixed = transformer_config(arch, 1, Precision.BF16)
+    assert mixed.enable_autocast and mixed.autocast_dtype == torch.bfloat16
+    assert mixed.params_dtype == torch.float32 and not mixed.bf16  # fp32 main parameters and gradients
