@@ -139,3 +139,8 @@ def test_every_group_is_trained_or_buffered_once_and_no_token_is_lost():
 def test_partial_rollout_needs_room_for_one_version_of_lag():
     with pytest.raises(SpecError, match="max_staleness >= 1"):
         spec(max_staleness=0)
+
+
+def test_partial_rollout_and_async_mode_are_refused_together():
+    with pytest.raises(SpecError, match=r"rollout.partial_rollout cannot be combined with rollout.mode async"):
+        spec(mode="async", max_staleness=2)
