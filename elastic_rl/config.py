@@ -239,7 +239,7 @@ class RolloutSpec(Component):
     partial_rollout: bool = False
     """Once a rollout has its groups, abort the requests still generating: their tokens so far wait in
     the buffer and the next rollout generates them on. Needs max_staleness >= 1 (a continued sample
-    began with the previous rollout's weights)."""
+    began with the previous rollout's weights) and mode sync."""
     max_filtered_rounds: PositiveInt = 16
     """Generation rounds in a row whose every group the dynamic filter drops before the job fails."""
     max_consecutive_bad_samples: PositiveInt = 64
@@ -301,6 +301,13 @@ class RolloutSpec(Component):
             raise ValueError("partial_rollout cannot abort and continue a generate_function's turns: drop one")
         if self.partial_rollout and self.max_staleness < 1:
             raise ValueError("partial_rollout continues samples begun by older weights: set max_staleness >= 1")
+        if self.partial_rollout and self.mode == "async":
+            # A group continued by rollout N began with the weights of rollout N - 1, already
+            # max_staleness behind it in async mode: every one would be dropped as stale.
+            raise ValueError(
+                "rollout.partial_rollout cannot be combined with rollout.mode async: a continued group began "
+                "with weights older than max_staleness allows; use mode sync, or drop partial_rollout"
+            )
         if self.dynamic_filter == "zero_std" and self.n_samples_per_prompt < 2:
             raise ValueError("dynamic_filter zero_std drops every group of one sample: set n_samples_per_prompt >= 2")
         return self

@@ -3,7 +3,7 @@
     python -m elastic_rl.demo examples/tiny-grpo.yaml
 
 Builds the spec's model with megatron-core, exports it as an HF checkpoint to
-``runs/<name>-demo/weights/0`` (and a second one, from another seed, as version 1),
+``runs/<name>-demo/weights/0`` (beside the job's work dir; and a second one, from another seed, as version 1),
 starts the spec's engines (two cpu engines by default) behind sglang-router,
 generates a few completions through the router with their log probabilities,
 then loads version 1 into every engine and generates again.
@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from checkpoints import layout
 from elastic_rl.config import JobSpec, load_spec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.launcher import start_engine
@@ -31,13 +32,13 @@ from elastic_rl.net import free_port, url
 PROMPTS = ["copy: abc =", "copy: hello =", "copy: 2024 ="]
 
 
-def export_two_versions(spec: JobSpec, weights_dir: Path) -> tuple[Path, Path]:
+def export_two_versions(spec: JobSpec, workdir: Path) -> tuple[Path, Path]:
     """Version 0: the spec's initial model. Version 1: the same model from another seed.
 
     Version 1 stands in for trained weights: what matters here is that engines
     load new weights from disk and report the new version.
     """
-    v0, v1 = weights_dir / "0", weights_dir / "1"
+    v0, v1 = layout.weights_dir(workdir, 0), layout.weights_dir(workdir, 1)
     parameters = export_initial_checkpoint(spec, v0)
     export_initial_checkpoint(spec.model_copy(update={"seed": spec.seed + 1}), v1)
     print(f"model: megatron-core GPTModel, {parameters:,} parameters")
@@ -76,13 +77,13 @@ async def show_generations(router: RouterClient, tokenizer, spec: JobSpec) -> No
               f"logprobs={logprobs[:6]}{' ...' if len(logprobs) > 6 else ''}")
 
 
-async def serve_and_generate(spec: JobSpec, v0: Path, v1: Path, log_dir: Path) -> None:
+async def serve_and_generate(spec: JobSpec, v0: Path, v1: Path, workdir: Path) -> None:
     tokenizer = load_tokenizer(spec.model)
     engine_ports = [free_port() for _ in range(spec.engines.count)]
     router_port = free_port()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    logs = [open(log_dir / f"engine-{i}.log", "wb") for i in range(len(engine_ports))]
-    router_log = open(log_dir / "router.log", "wb")
+    layout.logs_dir(workdir).mkdir(parents=True, exist_ok=True)
+    logs = [open(layout.proc_log_path(workdir, f"engine-{i}"), "wb") for i in range(len(engine_ports))]
+    router_log = open(layout.proc_log_path(workdir, "router"), "wb")
     engines = [start_engine(spec.engines, v0, port, log) for port, log in zip(engine_ports, logs)]
     router_process = subprocess.Popen(router_command(router_port, free_port()), stdout=router_log, stderr=subprocess.STDOUT)
     with running([*engines, router_process]):
@@ -107,10 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec)
-        # Its own folder: a job of the same spec writes its engine and router logs under its work dir.
-        workdir = Path("runs") / f"{spec.name}-demo"
-        v0, v1 = export_two_versions(spec, workdir / "weights")
-        asyncio.run(serve_and_generate(spec, v0, v1, workdir / "logs"))
+        # Its own folder beside the job's work dir: a job of the same spec writes its engine and router
+        # logs under its work dir.
+        jobdir = spec.resolved_workdir
+        workdir = jobdir.with_name(f"{jobdir.name}-demo")
+        v0, v1 = export_two_versions(spec, workdir)
+        asyncio.run(serve_and_generate(spec, v0, v1, workdir))
     except ElasticRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

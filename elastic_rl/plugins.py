@@ -12,8 +12,13 @@ from elastic_rl.errors import SpecError
 def load_function(field: str, name: str) -> Callable:
     module_name, _, function_name = name.partition(":")
     try:
-        function = getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError) as exc:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a user's module: a syntax error or any other import-time error is theirs
+        why = f"importing module {module_name!r} raised {type(exc).__name__}: {exc}"
+        raise SpecError([f"{field}: cannot load {name!r}: {why}"]) from None
+    try:
+        function = getattr(module, function_name)
+    except AttributeError as exc:
         raise SpecError([f"{field}: cannot load {name!r}: {exc}"]) from None
     if not callable(function):
         raise SpecError([f"{field}: {name!r} is not callable"])

@@ -60,13 +60,25 @@ class RouterClient(EngineClient):
     async def worker_urls(self) -> set[str]:
         return {worker["url"] for worker in await self.list_workers()}
 
-    async def abort_on_every_worker(self) -> None:
-        """Abort every request the engines hold; they answer with what they generated so far."""
-        for url in sorted(await self.worker_urls()):
-            try:
-                await EngineClient(url).abort(abort_all=True)
-            except EngineError as exc:  # a dying engine: the router retries its requests elsewhere
-                log.warning("could not abort the requests on %s: %s", url, exc)
+    async def abort_on_every_worker(self) -> list[str]:
+        """Abort every request the engines hold, on all of them at once; they answer with what they
+        generated so far. Returns why each abort that failed did ("url: error").
+
+        One attempt per engine: a failed abort is not retried (a dying engine's requests are retried
+        elsewhere by the router, and a partial rollout aborts again while requests are out).
+        """
+        urls = sorted(await self.worker_urls())
+        outcomes = await asyncio.gather(
+            *(EngineClient(url, attempts=1).abort(abort_all=True) for url in urls), return_exceptions=True
+        )
+        failed = []
+        for url, outcome in zip(urls, outcomes):
+            if isinstance(outcome, EngineError):
+                failed.append(f"{url}: {outcome}")
+                log.warning("could not abort the requests on %s: %s", url, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return failed
 
     async def add_worker(self, url: str, timeout_s: float = 60.0) -> None:
         """Register an engine and wait until the router lists it."""

@@ -8,7 +8,9 @@ segment. With ``rollout.generate_function`` the user's function makes each
 sample instead (several turns, tool calls), through an ``EngineSession``, and
 returns its tokens with a loss mask. A request that fails after the router's and the client's own retries
 is sent again with backoff, until ``rollout.max_request_failures`` failures in
-a row give up on the job. ``rollout.max_concurrency`` caps the requests in
+a row give up on the job; so is an answer from other weights than the rollout's,
+once the engines are realigned (one realignment at a time, bounded by
+``SERVE_TIMEOUT_S``). ``rollout.max_concurrency`` caps the requests in
 flight. Seeds are derived from (job seed, their parts) only, so a restarted
 orchestrator sends exactly the requests the lost one would have.
 """
@@ -23,6 +25,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from elastic_rl.config import JobSpec, RolloutSpec
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import EngineError, EngineRejected, GaveUp
@@ -36,6 +40,9 @@ log = logging.getLogger("elastic_rl.generation")
 REQUEST_BACKOFF_S = 1.0
 REQUEST_BACKOFF_MAX_S = 30.0
 """A failed generation request waits 1, 2, 4 ... s (at most 30) before it is sent again."""
+
+SERVE_TIMEOUT_S = 600.0
+"""Most seconds the engines may take to load a weight version; longer is an infrastructure failure."""
 
 
 def derived_seed(*parts: object) -> int:
@@ -125,8 +132,11 @@ class GroupGenerator:
         continued group's."""
         self.failed_requests = 0
         self.serving: Serving | None = None
-        """Set by the orchestrator for each rollout (None: whatever the engines serve, as in tests)."""
+        """Set by ``serve`` for each rollout (None: whatever the engines serve, as in tests)."""
         self._realigning = asyncio.Lock()
+        self._realignments = 0
+        """Realignments done: a stray answer that arrives while one runs is asked again after it, not
+        realigned again."""
 
     def sampling_params(self, seed_parts: tuple, generated: int = 0) -> dict[str, Any]:
         """A request's sampling parameters; ``generated`` tokens of the response exist already."""
@@ -184,7 +194,7 @@ class GroupGenerator:
             list(result["output_ids"]),
             [entry[0] for entry in meta["output_token_logprobs"]],
             int(meta["weight_version"]),
-            SampleStatus.from_finish_reason(meta["finish_reason"]["type"]),
+            SampleStatus.from_finish_reason(meta["finish_reason"]["type"], self.spec.rollout.partial_rollout),
         )
 
     async def _custom(
@@ -194,20 +204,39 @@ class GroupGenerator:
         session = EngineSession(self, results)
         try:
             made = await self.custom(GenerateInput(prompt, prompt_ids, params, self.tokenizer), session)
-            status = checked_generated(made)
         except GaveUp:
             raise
         except Exception as exc:  # a user's function: bad data, skipped and counted, not a dead job
             error = f"prompt {prompt.index}: the generate function failed: {type(exc).__name__}: {exc}"
+            return Sample([], [], session.segments, SampleStatus.COMPLETED, error=error)
+        try:
+            status = checked_generated(made, params["max_new_tokens"], session.segments)
+        except ValueError as exc:  # bad data as well
+            error = f"prompt {prompt.index}: the generate function's answer is unusable: {exc}"
             return Sample([], [], session.segments, SampleStatus.COMPLETED, error=error)
         return Sample(
             list(made.output_ids), list(made.logprobs), session.segments, status,
             loss_mask=list(made.loss_mask), metadata=dict(made.metadata),
         )  # fmt: skip
 
-    async def abort(self) -> None:
-        """Abort what the engines are generating; each request answers with what it made so far."""
-        await self.router.abort_on_every_worker()
+    async def abort(self) -> list[str]:
+        """Abort what the engines are generating; each request answers with what it made so far.
+        Returns why each engine that could not be reached was not aborted."""
+        return await self.router.abort_on_every_worker()
+
+    async def serve(self, serving: Serving) -> float:
+        """Have every engine serve ``serving.version`` for the rollout; return the seconds the loads took.
+
+        A load past SERVE_TIMEOUT_S is an infrastructure failure: tried again with backoff, until
+        ``rollout.max_request_failures`` in a row give up on the job.
+        """
+        self.serving = serving
+        failures = ConsecutiveFailures(self.spec.rollout.max_request_failures)
+        while True:
+            try:
+                return await self._realigned(self._realignments)
+            except EngineError as exc:
+                await self._failed(failures, str(exc))
 
     async def request(self, ids: list[int], params: dict[str, Any], abortable: bool) -> dict[str, Any] | None:
         """The engine's answer; None if a partial rollout filled up before an ``abortable`` request went out.
@@ -217,26 +246,51 @@ class GroupGenerator:
         """
         failures = ConsecutiveFailures(self.spec.rollout.max_request_failures)
         while True:
+            realignments = self._realignments
             try:
                 async with self.in_flight or contextlib.nullcontext():
                     if self.full and abortable:
                         return None
                     result = await self.router.generate(ids, params)
+                version = int(result["meta_info"]["weight_version"])
+                if self.serving is None or version == self.serving.version:
+                    return result
+                self.failed_requests += 1
+                self._count(failures, f"an engine answered with weights {version}, not {self.serving.version}")
+                await self._realigned(realignments)
             except EngineRejected:
                 raise
             except EngineError as exc:
-                self._failed(failures, str(exc))
-                await asyncio.sleep(min(REQUEST_BACKOFF_MAX_S, REQUEST_BACKOFF_S * 2 ** (failures.count - 1)))
-                continue
-            version = int(result["meta_info"]["weight_version"])
-            if self.serving is None or version == self.serving.version:
-                return result
-            self._failed(failures, f"an engine answered with weights {version}, not {self.serving.version}")
-            async with self._realigning:  # one realignment for every stray answer in flight
-                await self.serving.realign()
+                await self._failed(failures, str(exc))
 
-    def _failed(self, failures: ConsecutiveFailures, why: str) -> None:
+    async def _realigned(self, seen: int) -> float:
+        """Realign the engines on ``serving.version`` and return the seconds the loads took, unless one
+        realignment finished since ``seen`` realignments (then the engines serve it already).
+
+        One at a time: every stray answer in flight waits for the same realignment. Raises
+        EngineError when the loads take over SERVE_TIMEOUT_S.
+        """
+        async with self._realigning:
+            if self._realignments != seen:
+                return 0.0
+            try:
+                seconds = await asyncio.wait_for(self.serving.realign(), SERVE_TIMEOUT_S)
+            except TimeoutError:
+                raise EngineError(
+                    f"the engines did not load weights {self.serving.version} within {SERVE_TIMEOUT_S:.0f} s"
+                ) from None
+            self._realignments += 1
+            return seconds
+
+    async def _failed(self, failures: ConsecutiveFailures, why: str) -> None:
+        """Count an infrastructure failure, then wait out its backoff before the next try."""
         self.failed_requests += 1
+        self._count(failures, why)
+        await asyncio.sleep(min(REQUEST_BACKOFF_MAX_S, REQUEST_BACKOFF_S * 2 ** (failures.count - 1)))
+
+    @staticmethod
+    def _count(failures: ConsecutiveFailures, why: str) -> None:
+        """Record a failure in a row; give up on the job once max_request_failures are."""
         if failures.record(True):
             raise GaveUp(
                 f"a generation request failed {failures.count} times in a row (rollout.max_request_failures); "
@@ -250,12 +304,14 @@ class Serving:
     """The weights every engine must serve while the orchestrator generates, and how to make them."""
 
     version: int
-    realign: Callable[[], Awaitable[Any]]
-    """Loads ``version`` into every engine behind the router that serves other weights."""
+    realign: Callable[[], Awaitable[float]]
+    """Loads ``version`` into every engine behind the router that serves other weights; returns the
+    seconds the loads took."""
 
 
-def checked_generated(made: Any) -> SampleStatus:
-    """A generate function's answer, checked: its status, or a ValueError saying what is wrong."""
+def checked_generated(made: Any, max_new_tokens: int, segments: list[Segment]) -> SampleStatus:
+    """A generate function's answer, checked against the request's ``max_new_tokens`` and the engine
+    calls it made (``segments``): its status, or a ValueError saying what is wrong."""
     if not isinstance(made, Generated):
         raise ValueError(f"returned {type(made).__name__}, not elastic_rl.rollout.generation.Generated")
     lengths = {len(made.output_ids), len(made.loss_mask), len(made.logprobs)}
@@ -264,8 +320,18 @@ def checked_generated(made: Any) -> SampleStatus:
             f"output_ids, loss_mask and logprobs differ in length ({len(made.output_ids)}, "
             f"{len(made.loss_mask)}, {len(made.logprobs)})"
         )
+    if len(made.output_ids) > max_new_tokens:
+        raise ValueError(f"{len(made.output_ids)} tokens after the prompt, over max_new_tokens ({max_new_tokens})")
+    if not segments:
+        raise ValueError("it never called the engine (EngineSession.generate): no weight version made the sample")
     if not set(made.loss_mask) <= {0, 1}:
         raise ValueError("loss_mask holds values other than 0 and 1")
     if made.status not in ("completed", "truncated"):
         raise ValueError(f"status {made.status!r}: use completed or truncated")
+    if not isinstance(made.metadata, dict):
+        raise ValueError(f"metadata is a {type(made.metadata).__name__}, not a dict")
+    try:  # committed in the rollout's meta.json, written as here
+        orjson.dumps(made.metadata, option=orjson.OPT_SORT_KEYS)
+    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
+        raise ValueError(f"metadata is not JSON-serialisable: {exc}") from None
     return SampleStatus(made.status)

@@ -33,12 +33,17 @@ class SampleStatus(Enum):
     TRUNCATED = "truncated"
     """Ended at rollout.max_new_tokens."""
     ABORTED = "aborted"
-    """Stopped by a partial rollout; the next rollout continues it."""
+    """Ended by an abort outside partial rollout: trained as it is."""
+    UNFINISHED = "unfinished"
+    """Not generated to its end yet: stopped by a partial rollout (the next rollout continues it), or
+    not begun."""
 
     @classmethod
-    def from_finish_reason(cls, reason: str) -> SampleStatus:
-        """From the engine's finish reason (SGLang's: stop, length or abort)."""
-        return {"stop": cls.COMPLETED, "length": cls.TRUNCATED, "abort": cls.ABORTED}[reason]
+    def from_finish_reason(cls, reason: str, partial_rollout: bool) -> SampleStatus:
+        """From the engine's finish reason (SGLang's: stop, length or abort); an abort ends a sample
+        only outside partial rollout."""
+        aborted = cls.UNFINISHED if partial_rollout else cls.ABORTED
+        return {"stop": cls.COMPLETED, "length": cls.TRUNCATED, "abort": aborted}[reason]
 
 
 @dataclass
@@ -72,19 +77,19 @@ class Sample:
 
     @property
     def finished(self) -> bool:
-        return self.status is not SampleStatus.ABORTED
+        return self.status is not SampleStatus.UNFINISHED
 
     def continued(self, output_ids: list[int], logprobs: list[float], version: int, status: SampleStatus) -> Sample:
         """This sample with what one more request generated."""
         segments = list(self.segments)
-        if output_ids or status is not SampleStatus.ABORTED:  # a finished sample has a version, even if empty
+        if output_ids or status is not SampleStatus.UNFINISHED:  # a finished sample has a version, even if empty
             segments.append(Segment(version, len(output_ids)))
         return Sample(self.output_ids + output_ids, self.logprobs + logprobs, segments, status)
 
     @classmethod
     def unstarted(cls) -> Sample:
         """A sample no request has generated yet."""
-        return cls([], [], [], SampleStatus.ABORTED)
+        return cls([], [], [], SampleStatus.UNFINISHED)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "status": self.status.value}
@@ -213,9 +218,14 @@ def to_batch(groups: list[Group], pad_id: int) -> RolloutBatch:
 
 
 def samples_record(groups: list[Group]) -> list[dict[str, Any]]:
-    """Each trained sample's status and metadata, in the batch's row order (for the rollout's meta)."""
+    """Each trained sample's status, segments (weight version and token count of each) and metadata,
+    in the batch's row order (for the rollout's meta)."""
     return [
-        {"status": sample.status.value, **({"metadata": sample.metadata} if sample.metadata else {})}
+        {
+            "status": sample.status.value,
+            "segments": [asdict(segment) for segment in sample.segments],
+            **({"metadata": sample.metadata} if sample.metadata else {}),
+        }
         for group in groups
         for sample in group.samples
     ]

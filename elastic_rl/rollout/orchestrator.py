@@ -95,7 +95,7 @@ class Orchestrator:
         replacement engine registers with the newest); return the seconds the loads took.
 
         An engine that cannot take them is dead or dying: once erld has taken it out of the router it
-        is no longer waited for.
+        is no longer waited for. The generator bounds the whole in time (generation.SERVE_TIMEOUT_S).
         """
         folder = await self.wait_for_weights(version)
         started = time.monotonic()
@@ -180,6 +180,13 @@ class Orchestrator:
         else:
             filled = await self.sampler.fill(rollout_id, self.engine_version)
             batch = to_batch(filled.groups, pad_token_id(self.tokenizer))
+        if filled.abort_failures:
+            await self.progress.event(
+                "abort_failed",
+                f"{len(filled.abort_failures)} abort(s) of the requests still out failed, not retried; their "
+                f"requests generate to their end. First: {filled.abort_failures[0]}",
+                rollout=rollout_id,
+            )
         if filled.skipped:
             await self.progress.event(
                 "prompts_skipped",
@@ -270,11 +277,14 @@ class Orchestrator:
         recorded = self.recorded_point()
         if debug.train_only is None:
             await self.wait_for_engines()
+        generator = self.sampler.generator
         for rollout_id in range(start, spec.num_rollouts):
+            # rollout/failed_requests counts the rollout's weight loads and eval as well as its generation.
+            generator.failed_requests = 0
             if debug.train_only is None:
                 version = 0 if debug.rollout_only else spec.generating_version(rollout_id)
-                load_time = await self.serve_version(version)
-                self.sampler.generator.serving = Serving(version, lambda version=version: self.serve_version(version))
+                await self.wait_for_weights(version)  # the trainers' time: not bounded as a load is
+                load_time = await generator.serve(Serving(version, lambda version=version: self.serve_version(version)))
             # In async mode this records the rollouts trained while this one waited for its weights.
             while recorded < rollout_id and self.trained(recorded):
                 await self.record_trained(recorded)

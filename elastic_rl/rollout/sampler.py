@@ -10,7 +10,7 @@ sample's seed depends on (job seed, rollout, round, sample) only, so a
 restarted orchestrator generates exactly what the lost one would have
 (``generation.GroupGenerator`` sends the requests).
 
-With ``rollout.partial_rollout`` a round's groups are sorted as they finish;
+With ``rollout.partial_rollout`` a round's groups are kept, buffered or dropped as they finish;
 once the rollout is full the requests still out are aborted, and their groups,
 with the tokens made so far, wait in the buffer. The next rollout generates
 them on first (each sample keeps its segments' log probs and weight versions),
@@ -68,6 +68,8 @@ class Filled:
     continued_groups: int = 0
     """Groups an earlier partial rollout aborted, generated on in this one."""
     aborted_samples: int = 0
+    abort_failures: list[str] = field(default_factory=list)
+    """Engines a partial rollout could not abort, and why (their requests ran to their end)."""
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -162,8 +164,8 @@ class GroupSampler:
                     f"(rollout.max_consecutive_bad_samples); the last: {errors[-1]}"
                 )
 
-    async def _sort(self, group: Group, filled: Filled) -> bool:
-        """Buffer an aborted group; score a finished one and keep it or drop it (recorded with why).
+    async def _keep_buffer_or_drop(self, group: Group, filled: Filled) -> bool:
+        """Buffer an unfinished group; score a finished one and keep it or drop it (recorded with why).
         True if kept."""
         if not group.finished:
             self.buffer.add([group])
@@ -188,31 +190,39 @@ class GroupSampler:
             raise GaveUp(f"rollout.dynamic_filter {name} raised {type(exc).__name__}: {exc}") from exc
 
     async def _generate_round(self, work: list[Work], filled: Filled, results: list) -> int:
-        """Generate a round to its end and sort its groups in draw order; return how many were kept."""
+        """Generate a round to its end and keep, buffer or drop its groups in draw order; return how many
+        were kept."""
         groups = await asyncio.gather(*(self.generator.generate(item, results) for item in work))
-        return sum([await self._sort(group, filled) for group in groups])
+        return sum([await self._keep_buffer_or_drop(group, filled) for group in groups])
 
     async def _generate_round_partially(self, work: list[Work], filled: Filled, results: list, wanted: int) -> int:
-        """Sort groups as they finish; once the rollout has ``wanted``, abort the rest into the buffer.
+        """Keep, buffer or drop groups as they finish; once the rollout has ``wanted``, abort the rest
+        into the buffer.
 
         Groups continued from an earlier rollout are generated to their end first: aborted twice, a
-        sample would outlive max_staleness and its tokens would be lost.
+        sample would outlive max_staleness and its tokens would be lost. If the round raises, the
+        requests still out are cancelled: nothing generates for a round that is over.
         """
         tasks = {asyncio.ensure_future(self.generator.generate(item, results)): item.continued for item in work}
         pending = set(tasks)
         kept = 0
         generator = self.generator
         generator.full = False
-        while pending:
-            aborting = generator.full and not any(tasks[task] for task in pending)
-            done, pending = await asyncio.wait(pending, timeout=ABORT_REPEAT_S if aborting else None,
-                                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-            kept += sum([await self._sort(task.result(), filled) for task in done])
-            generator.full = len(filled.groups) >= wanted  # from now on only continued groups' requests are sent
-            if pending and generator.full and not any(tasks[task] for task in pending):
-                # Repeated: a request may reach its engine after the previous abort.
-                await generator.abort()
-        generator.full = False
+        try:
+            while pending:
+                aborting = generator.full and not any(tasks[task] for task in pending)
+                done, pending = await asyncio.wait(pending, timeout=ABORT_REPEAT_S if aborting else None,
+                                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                kept += sum([await self._keep_buffer_or_drop(task.result(), filled) for task in done])
+                generator.full = len(filled.groups) >= wanted  # from now on only continued groups' requests are sent
+                if pending and generator.full and not any(tasks[task] for task in pending):
+                    # Repeated: a request may reach its engine after the previous abort.
+                    filled.abort_failures += await generator.abort()
+        finally:
+            generator.full = False
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         return kept
 
     # --- filling a rollout -------------------------------------------------------------------
@@ -222,7 +232,6 @@ class GroupSampler:
         spec = self.spec.rollout
         wanted = spec.prompts_per_rollout
         filled = Filled([])
-        self.generator.failed_requests = 0
         # A group is stale past the bound, unless the engines serve no newer weights (debug.rollout_only).
         version = spec.generating_version(rollout_id) if version is None else version
         oldest_allowed = min(rollout_id - spec.staleness_bound, version)

@@ -42,7 +42,7 @@ def aborted_groups_buffered(workdir) -> bool:
     """A rollout is committed whose buffer holds groups a partial rollout aborted."""
     for rollout_id in layout.committed_rollouts(workdir):
         buffer = read_rollout(workdir, rollout_id)[1]["buffer"]
-        if any(sample["status"] == "aborted" for group in buffer for sample in group["samples"]):
+        if any(sample["status"] == "unfinished" for group in buffer for sample in group["samples"]):
             return True
     return False
 
@@ -63,11 +63,16 @@ def test_partial_rollout_loses_and_repeats_nothing_through_kills(daemon, tmp_pat
     assert unaccounted_groups(faulty, spec) == []
     continued = 0
     for rollout_id in range(ROLLOUTS):
-        batch, _ = read_rollout(faulty, rollout_id)
+        batch, meta = read_rollout(faulty, rollout_id)
         groups = list(zip(batch.prompt_epochs.tolist(), batch.prompt_indices.tolist()))
         assert all(groups.count(group) == SAMPLES for group in groups)  # every (prompt, sample index) once
-        continued += int((batch.weight_versions < rollout_id).sum())
-    assert continued > 0  # samples begun by the previous rollout's weights were trained
+        assert len(meta["samples"]) == batch.size
+        for row, sample in enumerate(meta["samples"]):
+            segments = sample["segments"]
+            assert sum(segment["tokens"] for segment in segments) == int(batch.response_lengths[row])
+            assert segments[0]["version"] == int(batch.weight_versions[row])
+            continued += len({segment["version"] for segment in segments}) > 1
+    assert continued > 0  # samples begun by one rollout's weights and generated on by the next's were trained
     for check in (check_rollouts_applied_once(faulty, spec), check_whole_batches(faulty, spec),
                   check_staleness(faulty, spec)):  # fmt: skip
         assert check.held, check

@@ -112,6 +112,41 @@ async def generate_that_fails_on_fives(sample, engine) -> Generated:
     return Generated(result["output_ids"], [1] * count, [e[0] for e in result["meta_info"]["output_token_logprobs"]])
 
 
+async def generate_breaking_its_contract_on_fives(sample, engine) -> Generated:
+    """A fake generate function that, for label 5, breaks the contract the way ``BROKEN`` names."""
+    if sample.prompt.label == "5" and BROKEN == "no engine call":
+        return Generated([5], [1], [0.0])
+    result = await engine.generate(sample.prompt_ids, sample.sampling_params)
+    output = list(result["output_ids"])
+    if sample.prompt.label == "5" and BROKEN == "too many tokens":
+        output = output[:1] * (sample.sampling_params["max_new_tokens"] + 1)
+    metadata = {"tools": {"calculator"}} if sample.prompt.label == "5" and BROKEN == "a set in metadata" else {}
+    return Generated(output, [1] * len(output), [-1.0] * len(output), metadata=metadata)
+
+
+BROKEN = ""
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        ("no engine call", "it never called the engine"),
+        ("too many tokens", "25 tokens after the prompt, over max_new_tokens (24)"),
+        ("a set in metadata", "metadata is not JSON-serialisable"),
+    ],
+)
+def test_a_generated_sample_that_breaks_its_contract_is_bad_data(broken, reason, monkeypatch):
+    monkeypatch.setattr(f"{HERE}.BROKEN", broken)
+    job = spec(generate_function=f"{HERE}:generate_breaking_its_contract_on_fives", reward="tests.rewards:fake_digit_share")
+    result, _ = filled(job)
+    assert len(result.groups) == 4
+    unscorable = [group for group, why in result.dropped if why is DropReason.UNSCORABLE]
+    assert unscorable and all(group.prompt.label == "5" for group in unscorable)
+    assert all("the generate function's answer is unusable" in error and reason in error for error in result.errors)
+    assert result.metrics["rollout/unscorable_samples"] == len(result.errors)
+    to_batch(result.groups, pad_id=0)  # every kept sample has a weight version
+
+
 @pytest.mark.parametrize(
     ("rollout", "message"),
     [

@@ -1,6 +1,7 @@
 """Dynamic sampling: the filter keeps every rollout full, the buffer carries what is left over (and
 survives a restart through its JSON), unscorable groups are dropped and counted, and a budget that
-runs out gives up with its reason. Generation is a fake router (a seeded digit per request)."""
+runs out gives up with its reason; so does an infrastructure budget (failed requests, eval's
+included, and weight loads that time out). Generation is a fake router (a seeded digit per request)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from elastic_rl.rollout import generation
 from elastic_rl.rollout.generation import Serving
 from elastic_rl.model.tokenizer import load_tokenizer
 from elastic_rl.rollout.data import Prompt
-from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, SampleStatus, Segment, to_batch
+from elastic_rl.rollout.evaluation import Evaluator
+from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, SampleStatus, Segment, samples_record, to_batch
 from elastic_rl.rollout.sampler import DropReason, GroupSampler
 from policies.dynamic_sampling import ConsecutiveFailures, zero_std
 from policies.exits import EXIT_GAVE_UP, ExitAction, ExitFacts, decide_exit
@@ -93,6 +95,12 @@ def test_a_batch_keeps_each_groups_samples_together():
     assert batch.prompt_indices.tolist() == [7, 7, 9, 9]
     assert batch.rewards.tolist() == [1.0, 0.0, 0.5, 0.5]
     assert batch.loss_mask[0].tolist() == [0.0, 0.0, 1.0]
+
+
+def test_the_samples_record_holds_each_segments_version_and_tokens():
+    continued = Sample([5, 5, 6], [-1.0] * 3, [Segment(2, 1), Segment(3, 2)], SampleStatus.TRUNCATED, 1.0)
+    record = samples_record([Group(Prompt(4, 0, "4=", "4"), [1, 2], [continued])])
+    assert record == [{"status": "truncated", "segments": [{"version": 2, "tokens": 1}, {"version": 3, "tokens": 2}]}]
 
 
 def test_the_filter_keeps_every_rollout_full_and_the_leftovers_wait_in_the_buffer():
@@ -249,5 +257,40 @@ def test_an_answer_from_other_weights_realigns_the_engines_and_is_asked_again():
 
     groups_sampler.generator.serving = Serving(3, realign)
     filled = asyncio.run(groups_sampler.fill(3))
-    assert realigned and all(sample.version == 3 for group in filled.groups for sample in group.samples)
-    assert filled.metrics["rollout/failed_requests"] > 0
+    assert all(sample.version == 3 for group in filled.groups for sample in group.samples)
+    assert realigned == [True]  # the 16 stray answers in flight share one realignment
+    assert filled.metrics["rollout/failed_requests"] == 16
+
+
+def test_a_weight_load_past_its_timeout_is_an_infrastructure_failure(monkeypatch):
+    monkeypatch.setattr(generation, "SERVE_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(generation, "REQUEST_BACKOFF_S", 0.001)
+    groups_sampler, router = sampler(spec(max_request_failures=3))
+    loads = []
+
+    async def hanging_load():
+        loads.append(True)
+        await asyncio.sleep(3600)
+
+    with pytest.raises(GaveUp, match=r"failed 3 times in a row .* did not load weights 3 within 0 s"):
+        asyncio.run(groups_sampler.generator.serve(Serving(3, hanging_load)))
+    assert len(loads) == 3 and groups_sampler.generator.failed_requests == 3
+
+    router.version = 7  # stray answers whose realignment hangs: each counted, then the job gives up
+    with pytest.raises(GaveUp, match="rollout.max_request_failures"):
+        asyncio.run(groups_sampler.fill(3))
+    assert len(loads) > 3
+
+
+def test_failed_requests_count_the_rollouts_eval_too(tmp_path, monkeypatch):
+    monkeypatch.setattr(generation, "REQUEST_BACKOFF_S", 0.001)
+    path = tmp_path / "held-out.jsonl"
+    path.write_text("".join(f'{{"prompt": "{d}=", "label": "{d}"}}\n' for d in range(4)))
+    job = validate_spec({**spec().model_dump(exclude={"workdir"}),
+                         "eval": {"interval_rollouts": 1, "datasets": [{"name": "digits", "path": str(path)}]}})  # fmt: skip
+    tokenizer = load_tokenizer(job.model)
+    groups_sampler = GroupSampler(job, tokenizer, FailingRouter(tokenizer, failures=2))
+    evaluator = Evaluator(job, tokenizer, groups_sampler.generator, groups_sampler.scorer)
+    asyncio.run(evaluator.run(0))  # eval's two requests fail once each before they answer
+    filled = asyncio.run(groups_sampler.fill(0))
+    assert filled.metrics["rollout/failed_requests"] == 2

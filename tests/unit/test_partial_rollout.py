@@ -1,7 +1,9 @@
 """Partial rollout: once a rollout is full the requests still out are aborted, their groups wait in
 the buffer with the tokens made so far, and the next rollout generates them on, each segment keeping
 its log probs and weight version; across rollouts every group is trained, dropped or buffered once.
-Generation is a fake router whose requests make one token per tick and stop when aborted."""
+Generation is a fake router whose requests make one token per tick and stop when aborted. Aborts go
+to every engine at once, one attempt each; a round that raises leaves no request generating; outside
+partial rollout an engine's abort ends its sample, which is trained as it is."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import random
 import pytest
 
 from elastic_rl.config import validate_spec
-from elastic_rl.errors import SpecError
+from elastic_rl.engines import router as router_module
+from elastic_rl.engines.router import RouterClient
+from elastic_rl.errors import EngineError, GaveUp, SpecError
 from elastic_rl.model.tokenizer import load_tokenizer
 from elastic_rl.rollout.groups import SampleStatus
 from elastic_rl.rollout.sampler import GroupSampler
@@ -65,6 +69,7 @@ class FakeStreamingRouter:
 
     async def abort_on_every_worker(self):
         self.aborts += 1
+        return []
 
 
 def fill(sampler: GroupSampler, router: FakeStreamingRouter, rollout_id: int):
@@ -84,7 +89,7 @@ def test_aborted_groups_wait_with_their_tokens_and_are_continued_first():
     unfinished = [group for group in sampler.buffer.groups if not group.finished]
     assert unfinished
     samples = {(g.prompt.index, i): s for g in unfinished for i, s in enumerate(g.samples)}
-    started = {key: s for key, s in samples.items() if s.output_ids and s.status is SampleStatus.ABORTED}
+    started = {key: s for key, s in samples.items() if s.output_ids and s.status is SampleStatus.UNFINISHED}
     done = {key: s for key, s in samples.items() if s.finished}
     assert started and all(s.version == 0 for s in started.values())
 
@@ -139,3 +144,98 @@ def test_every_group_is_trained_or_buffered_once_and_no_token_is_lost():
 def test_partial_rollout_needs_room_for_one_version_of_lag():
     with pytest.raises(SpecError, match="max_staleness >= 1"):
         spec(max_staleness=0)
+
+
+def test_partial_rollout_and_async_mode_are_refused_together():
+    with pytest.raises(SpecError, match=r"rollout.partial_rollout cannot be combined with rollout.mode async"):
+        spec(mode="async", max_staleness=2)
+
+
+class FakeAbortingRouter(FakeStreamingRouter):
+    """The fake streaming router, whose engines abort every request on their own after a few tokens."""
+
+    async def generate(self, ids, params):
+        result = await super().generate(ids, {**params, "max_new_tokens": 3})
+        result["meta_info"]["finish_reason"] = {"type": "abort"}
+        return result
+
+
+def test_outside_partial_rollout_an_engine_abort_ends_its_sample_and_it_is_trained():
+    job = spec(partial_rollout=False)
+    tokenizer = load_tokenizer(job.model)
+    router = FakeAbortingRouter(tokenizer)
+    sampler = GroupSampler(job, tokenizer, router)
+    filled = fill(sampler, router, 0)
+    assert len(filled.groups) == 4
+    assert all(sample.status is SampleStatus.ABORTED for group in filled.groups for sample in group.samples)
+    assert filled.metrics["rollout/aborted_samples"] == 0 and filled.metrics["rollout/continued_groups"] == 0
+    assert all(group.finished for group in sampler.buffer.groups)  # leftovers wait as finished groups
+
+
+class FakeEngineClient:
+    """A fake of one engine's client: its abort takes a while, and fails on the engine named ``dead``."""
+
+    dead = "http://engine-1"
+    in_flight = 0
+    most_in_flight = 0
+    calls: list[tuple[str, int]] = []
+
+    def __init__(self, url, attempts=3):
+        self.url, self.attempts = url, attempts
+
+    async def abort(self, abort_all=False):
+        cls = FakeEngineClient
+        cls.calls.append((self.url, self.attempts))
+        cls.in_flight += 1
+        cls.most_in_flight = max(cls.most_in_flight, cls.in_flight)
+        await asyncio.sleep(0.05)
+        cls.in_flight -= 1
+        if self.url == cls.dead:
+            raise EngineError(f"POST {self.url}/abort_request failed after 1 attempts: connection refused")
+
+
+def test_aborts_go_to_every_engine_at_once_one_attempt_each(monkeypatch):
+    monkeypatch.setattr(router_module, "EngineClient", FakeEngineClient)
+    monkeypatch.setattr(FakeEngineClient, "calls", [])
+    monkeypatch.setattr(FakeEngineClient, "most_in_flight", 0)
+    client = RouterClient("http://router")
+
+    async def worker_urls():
+        return {"http://engine-0", "http://engine-1", "http://engine-2"}
+
+    client.worker_urls = worker_urls
+    failed = asyncio.run(client.abort_on_every_worker())
+    assert FakeEngineClient.most_in_flight == 3
+    assert sorted(FakeEngineClient.calls) == [(f"http://engine-{i}", 1) for i in range(3)]  # never retried
+    assert len(failed) == 1 and failed[0].startswith("http://engine-1: POST")
+
+
+class FakeCountingRouter(FakeStreamingRouter):
+    """The fake streaming router, counting the requests still generating."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.generating = 0
+
+    async def generate(self, ids, params):
+        self.generating += 1
+        try:
+            return await super().generate(ids, params)
+        finally:
+            self.generating -= 1
+
+
+def test_a_round_that_raises_leaves_no_request_generating():
+    job = spec(max_consecutive_bad_samples=1)
+    tokenizer = load_tokenizer(job.model)
+    router = FakeCountingRouter(tokenizer)
+    sampler = GroupSampler(job, tokenizer, router)
+    sampler.scorer.rule = lambda prompt, response, label: float("nan")  # the first group scored gives up
+
+    async def fill_then_count():
+        with pytest.raises(GaveUp):
+            await sampler.fill(0)
+        return router.generating
+
+    assert asyncio.run(fill_then_count()) == 0
+    assert not sampler.generator.full

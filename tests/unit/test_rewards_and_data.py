@@ -6,6 +6,7 @@ import pytest
 
 from elastic_rl.config import DataSpec
 from elastic_rl.errors import SpecError
+from elastic_rl.plugins import load_function
 from elastic_rl.rollout.data import DataSource
 from elastic_rl.rollout.rewards import boxed_math, exact_match, f1, last_boxed, load_reward, math, toy_copy
 from elastic_rl.rollout.tasks import arithmetic
@@ -60,6 +61,17 @@ def test_user_reward_by_module_function():
     assert load_reward("elastic_rl.rollout.rewards:f1") is f1
     with pytest.raises(SpecError, match="cannot load"):
         load_reward("no_such_module:score")
+
+
+def test_an_unimportable_function_is_a_spec_error_naming_the_field_and_module(tmp_path, monkeypatch):
+    (tmp_path / "broken_reward.py").write_text("def score(:\n")
+    (tmp_path / "raising_reward.py").write_text("raise RuntimeError('no GPU')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SpecError, match=r"rollout.reward_function: cannot load 'broken_reward:score': importing "
+                                         r"module 'broken_reward' raised SyntaxError"):  # fmt: skip
+        load_function("rollout.reward_function", "broken_reward:score")
+    with pytest.raises(SpecError, match="module 'raising_reward' raised RuntimeError: no GPU"):
+        load_function("rollout.reward_function", "raising_reward:score")
 
 
 def test_every_prompt_drawn_once_per_epoch():
