@@ -146,7 +146,7 @@ class ErldNode:
 
     def kill_node(self) -> list[int]:
         """The whole node dies: its erld and every job process it started. Returns their pids."""
-        victims = [p for p in psutil.process_iter(["pid"]) if _env_of(p).get(jobenv.NODE) == self.name]
+        victims = self._job_processes()
         self.process.kill()
         for victim in victims:
             try:
@@ -172,12 +172,15 @@ class ErldNode:
                 self.kill_node()
 
     def job_pids(self) -> set[int]:
+        return {process.pid for process in self._job_processes()}
+
+    def _job_processes(self) -> list[psutil.Process]:
         """The job processes this erld started: its node name on this topology's etcd (another
-        topology's leftovers may share the name)."""
-        return {
-            p.pid for p in psutil.process_iter(["pid"])
+        topology's, a concurrent test session's, may share the name)."""
+        return [
+            p for p in psutil.process_iter(["pid"])
             if (env := _env_of(p)).get(jobenv.NODE) == self.name and env.get(jobenv.ETCD) == self.endpoint
-        }
+        ]
 
 
 def _env_of(process: psutil.Process) -> dict[str, str]:
