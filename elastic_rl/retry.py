@@ -6,10 +6,11 @@ the caller can turn it into an error a user can act on.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 T = TypeVar("T")
 
@@ -33,10 +34,21 @@ async def with_retries(
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(retry_on),
         stop=stop_after_attempt(attempts),
-        wait=wait_exponential_jitter(initial=first_backoff_s, max=MAX_BACKOFF_S),
+        wait=_backoff(first_backoff_s),
         before_sleep=prepare,
         reraise=True,
     ):
         with attempt:
             return await call()
     raise AssertionError("unreachable: tenacity re-raises the last failure")
+
+
+def _backoff(first_s: float) -> Callable[[RetryCallState], float]:
+    """``first_s`` doubled at each attempt, plus up to a second of jitter, at most ``MAX_BACKOFF_S``.
+    (tenacity's wait_exponential_jitter says the same, but warns about its own argument on every call,
+    which cost the orchestrator a sixth of its CPU.)"""
+
+    def wait(state: RetryCallState) -> float:
+        return min(MAX_BACKOFF_S, first_s * 2 ** (state.attempt_number - 1) + random.uniform(0, 1))
+
+    return wait

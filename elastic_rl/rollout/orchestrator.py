@@ -311,10 +311,12 @@ class Orchestrator:
 async def amain() -> None:
     env = jobenv.JobEnv.from_environ()
     # Patient: while erld replaces engines or the router, generation waits rather than fails.
-    router = RouterClient(os.environ[jobenv.ROUTER_URL], attempts=ROUTER_ATTEMPTS)
     endpoint = os.environ.get(jobenv.ETCD)
     assignment = Assignment.from_environ() if endpoint else None
-    async with ProgressReporter.connect(env.job, endpoint, env.workdir) as progress:
+    async with (
+        RouterClient(os.environ[jobenv.ROUTER_URL], attempts=ROUTER_ATTEMPTS) as router,
+        ProgressReporter.connect(env.job, endpoint, env.workdir) as progress,
+    ):
         try:
             await Orchestrator(env, router, progress, assignment).run()
         # A user's function that cannot be imported fails the same way after every restart.
