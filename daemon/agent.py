@@ -14,8 +14,8 @@ processes it runs here and acts:
   backoff (a trainer's partner ranks with it), report a replica as displaced
   for the controller to move, or fail the job.
 
-The agent holding the job's services also exports the initial weights and
-registers every serving engine with the router whenever the router starts;
+The agent holding the job's services also exports the initial weights of a
+job with no trainer (replica 0 writes them otherwise) and registers every serving engine with the router whenever the router starts;
 each agent registers and health-checks its own engines (``daemon.engines``).
 It reports each process under its node lease at ``/erl/jobs/<job>/procs/``.
 """
@@ -320,11 +320,13 @@ class JobAgent:
                 await self._spawn(proc, spec, assignment, endpoints, rendezvous)
 
     async def _ready(self, spec: ProcSpec) -> bool:
-        """Whether a group may start: an engine needs the job's initial weights, which the services'
-        agent exports (in the background) when it starts them. A cpu engine starts at once and
-        waits for them itself, so its imports overlap the export."""
+        """Whether a group may start: an engine needs the job's initial weights, which replica 0 of
+        the trainers writes once it has built the model; for a job with no trainer
+        (debug.rollout_only) the services' agent exports them (in the background) when it starts
+        them. A cpu engine starts at once and waits for them itself, so its imports overlap."""
         have_weights = layout.latest_weights_version(self.workdir) is not None
-        if spec.role is Role.LIGHTHOUSE and not have_weights and self._exporting is None:
+        no_trainer = self.spec.trainer_groups[0] == 0
+        if spec.role is Role.LIGHTHOUSE and no_trainer and not have_weights and self._exporting is None:
             self._exporting = asyncio.create_task(self._export_initial_weights())
         return have_weights or spec.role is not Role.ENGINE or self.spec.engines.kind == "cpu"
 

@@ -19,6 +19,7 @@ IMPORTS_DONE = time.time()
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     replica = TrainerReplica(jobenv.JobEnv.from_environ(), StopRequest(), IMPORTS_DONE)
+    replica.write_initial_weights()
     if not replica.take_place():
         return  # a warm spare stopped before it was needed
     replica.join()

@@ -49,6 +49,7 @@ from elastic_rl import device as process_device
 from elastic_rl.errors import SpecError
 from elastic_rl.events import emit_event
 from elastic_rl.fencing import Assignment
+from elastic_rl.model.export import write_initial_checkpoint
 from elastic_rl.model.gpt import init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.net import LOOPBACK
@@ -145,6 +146,18 @@ class TrainerReplica:
         return f"trainer-{self.replica}-{self.rank}"
 
     # --- joining ---------------------------------------------------------------
+
+    def write_initial_weights(self) -> None:
+        """A new job's weights version 0, which its engines start from: replica 0 writes the model it
+        has just built (each of its ranks takes part in gathering it, rank 0 writes), so no other
+        process builds the model again for them. Nothing is written once any version exists: a
+        resumed job's engines serve that one."""
+        if self.replica != 0 or self.spare is not None:
+            return
+        missing = [layout.latest_weights_version(self.workdir) is None]
+        torch.distributed.broadcast_object_list(missing, src=0)  # every rank takes the same branch
+        if missing[0]:
+            write_initial_checkpoint(self.source, self.model, layout.weights_dir(self.workdir, 0))
 
     def take_place(self) -> bool:
         """A warm spare waits, imports done and model built, until erld gives it a replica's place.
