@@ -40,6 +40,20 @@ def assert_close_relative(expected: dict, actual: dict, tolerance: float) -> Non
         assert error <= tolerance, (name, error)
 
 
+def assert_a_lossless_replica_kill(clean, faulty, tolerance: float) -> None:
+    """Two replicas, replica 1 killed: the weights end within ``tolerance`` of the fault-free run's,
+    every rollout was committed, trained and published once, every step with its whole global batch,
+    and the survivor trained alone for a while before replica 1 came back."""
+    assert_close_relative(final_weights(clean), final_weights(faulty), tolerance)
+    spec = read_spec(faulty)
+    for check in (check_rollouts_applied_once(faulty, spec), check_whole_batches(faulty, spec)):
+        assert check.held, check
+    events = job_events(faulty)
+    assert_replica_came_back(events, replica=1)
+    participants = [e["participants"] for e in events if e["kind"] == "quorum_changed"]
+    assert 1 in participants and participants[-1] == 2, participants
+
+
 def assert_replica_came_back(events: list[dict], replica: int) -> None:
     """The killed replica came back: healed from a peer, or (when it restarted just as the survivors
     reached a snapshot's step) resumed from that snapshot at their step."""
@@ -56,16 +70,7 @@ def test_killing_a_replica_loses_no_step(daemon, tmp_path):
 
     # Replica 1 SIGKILLed: replica 0 trains alone; replica 1 restarts cold and comes back.
     assert run_job(daemon, faulty, replica_job(2), [("trainer-1-0", 2)]) == ["trainer-1-0"]
-    assert_close_relative(final_weights(clean), final_weights(faulty), 1e-5)
-    # Every rollout committed, trained and published once, every step with its whole global batch.
-    spec = read_spec(faulty)
-    for check in (check_rollouts_applied_once(faulty, spec), check_whole_batches(faulty, spec)):
-        assert check.held, check
-    events = job_events(faulty)
-    assert_replica_came_back(events, replica=1)
-    # The survivor trained alone for a while: a quorum of one, then of two again.
-    participants = [e["participants"] for e in events if e["kind"] == "quorum_changed"]
-    assert 1 in participants and participants[-1] == 2, participants
+    assert_a_lossless_replica_kill(clean, faulty, 1e-5)
     # A warm spare taking a dead replica's place: tests/integration/test_cluster.py (on another node)
     # and the chaos scenario replica-kill-warm-spare (on the same one).
 
