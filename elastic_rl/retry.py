@@ -46,7 +46,7 @@ async def with_retries(
 def _backoff(first_s: float) -> Callable[[RetryCallState], float]:
     """``first_s`` doubled at each attempt, plus up to a second of jitter, at most ``MAX_BACKOFF_S``.
     (tenacity's wait_exponential_jitter says the same, but warns about its own argument on every call,
-    which cost the orchestrator a sixth of its CPU.)"""
+    which cost the orchestrator about 15 % of its CPU.)"""
 
     def wait(state: RetryCallState) -> float:
         return min(MAX_BACKOFF_S, first_s * 2 ** (state.attempt_number - 1) + random.uniform(0, 1))
