@@ -91,8 +91,12 @@ class NodeConfig:
 
 
 class Erld:
-    def __init__(self, store: Store, endpoint: str, config: NodeConfig, state_dir: Path):
+    def __init__(self, store: Store, endpoint: str, config: NodeConfig, state_dir: Path, etcd_started_here: bool = False):
         self.store = store
+        self.holders_are_dead = etcd_started_here
+        """Until the first join: an etcd this erld has just started had no erld connected to it, so a
+        node record it holds is a dead erld's (etcd gives restored leases a fresh TTL at restart, so
+        the record would look live; its erld may have run on an older version or another hostname)."""
         self.endpoint = endpoint
         self.config = config
         self.node = config.name
@@ -130,7 +134,8 @@ class Erld:
             holder, revision = await self.store.get_with_revision(node_key)
             if holder is None:
                 continue  # its lease ran out just now
-            if holder.get("host") != record["host"] or (holder.get("pid") != os.getpid() and erld_alive(holder.get("pid"))):
+            alive = holder.get("host") != record["host"] or (holder.get("pid") != os.getpid() and erld_alive(holder.get("pid")))
+            if alive and not self.holders_are_dead:
                 await self.store.revoke(self.lease)
                 raise NodeTaken(
                     f"node name {self.node!r} is held by a live erld (pid {holder.get('pid')} on "
@@ -142,9 +147,11 @@ class Erld:
             if await self.store.update_if(node_key, record, revision, lease=self.lease):
                 if holder.get("pid") != os.getpid():
                     log.info("node %s was held by erld pid %s, no longer running: taken over", self.node, holder.get("pid"))
-                await self.store.revoke_lease_id(holder["lease"])
+                if holder.get("lease") is not None:
+                    await self.store.revoke_lease_id(holder["lease"])
                 break
         self.renewed = time.monotonic()
+        self.holders_are_dead = False  # from now on, other erlds may connect to this etcd
         for agent in self.agents.values():
             agent.lease, agent.published = self.lease, {}
 
@@ -321,7 +328,7 @@ async def serve(etcd: str | None, config: NodeConfig, state_dir: Path, etcd_port
     try:
         # A call that waits on a dead etcd member moves to the next one well within the lease's TTL.
         async with Store(etcd, timeout_s=max(1.0, config.lease_ttl_s / 4)) as store:
-            erld = Erld(store, etcd, config, state_dir)
+            erld = Erld(store, etcd, config, state_dir, etcd_started_here=embedded is not None and embedded.adopted_pid is None)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, erld.stopping.set)

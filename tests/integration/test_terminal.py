@@ -1,8 +1,9 @@
 """What a person at the terminal meets: Ctrl-C on `erl run`, a second erld for a node that has one,
-stopping the background erld, finished jobs kept in `erl list --all`, the demo's own folder."""
+an erld started again on the etcd its dead predecessor left, stopping the background erld, finished jobs kept in `erl list --all`, the demo's own folder."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -13,6 +14,9 @@ import orjson
 import pytest
 
 from elastic_rl.net import free_port
+from elastic_rl.store import keys
+from elastic_rl.store.client import Store
+from elastic_rl.store.embedded import EmbeddedEtcd
 from tests.integration.erld_support import erl, status
 from tests.processes import REPO, SPEC
 
@@ -117,3 +121,45 @@ def test_the_demo_writes_its_own_folder(tmp_path):
     assert demo.returncode == 0, demo.stderr[-2000:]
     assert (tmp_path / "runs" / "tiny-grpo-demo" / "weights" / "1" / "config.json").is_file()
     assert not (tmp_path / "runs" / "tiny-grpo").exists()  # a job's work dir of that spec stays untouched
+
+
+@pytest.mark.timeout(120)
+def test_an_erld_on_the_etcd_it_left_takes_its_node_back(tmp_path):
+    """An erld that died with its embedded etcd (a reboot) left its node record under a lease that etcd
+    restores, with a fresh TTL, when it starts again. The new erld, whose own etcd it is, takes the
+    name over, whatever the record says (here: written by an older erld, with no host or pid)."""
+    state, port = tmp_path / "erld-state", free_port()
+    etcd = EmbeddedEtcd(state, client_port=port)
+    asyncio.run(etcd.start())
+
+    async def leave_a_record() -> None:
+        async with Store(etcd.endpoint) as store:
+            await store.put(keys.node("vm"), {"devices": [0, 1]}, lease=await store.lease(600))
+
+    asyncio.run(leave_a_record())
+    etcd.stop()
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(state), "--etcd-port", str(port),
+         "--cpu-devices", "2", "--node", "vm"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    async def holder_pid() -> int | None:
+        async with Store(etcd.endpoint, attempts=1) as store:
+            return ((await store.get(keys.node("vm"))) or {}).get("pid")
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, "erld exited: it took the old record for a live erld's"
+            try:
+                if asyncio.run(holder_pid()) == process.pid:
+                    break
+            except Exception:  # its etcd is still starting
+                pass
+            assert time.monotonic() < deadline, "erld never held its node"
+            time.sleep(0.3)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
