@@ -15,9 +15,10 @@ processes it runs here and acts:
   for the controller to move, or fail the job.
 
 The agent holding the job's services also exports the initial weights of a
-job with no trainer (replica 0 writes them otherwise) and registers every serving engine with the router whenever the router starts;
-each agent registers and health-checks its own engines (``daemon.engines``).
-It reports each process under its node lease at ``/erl/jobs/<job>/procs/``.
+job with no trainer (replica 0 writes them otherwise) and registers every
+serving engine with the router whenever the router starts; each agent
+registers and health-checks its own engines (``daemon.engines``). It reports
+each process under its node lease at ``/erl/jobs/<job>/procs/``.
 """
 
 from __future__ import annotations
