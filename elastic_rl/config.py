@@ -229,10 +229,15 @@ class RolloutSpec(Component):
     """Token ids that end a response, added to the end-of-sequence ids from the checkpoint."""
     over_sampling_batch_size: PositiveInt | None = None
     """Prompts drawn per generation round (default prompts_per_rollout). Rounds go on until the
-    rollout has prompts_per_rollout groups; the groups left over wait in the buffer for the next."""
+    rollout has prompts_per_rollout groups; the groups left over wait in the buffer for the next.
+    Above prompts_per_rollout it needs mode sync and max_staleness >= 1 (elsewhere a leftover is too
+    stale for the next rollout), and with partial_rollout at most (max_staleness + 1) x
+    prompts_per_rollout."""
     dynamic_filter: str | None = None
     """Which generated groups are kept: zero_std drops a group whose rewards are all equal (DAPO),
-    or a user function as module:function taking a ``Group`` and returning True to keep it."""
+    or a user function as module:function taking a ``Group`` and returning True to keep it. Where
+    leftovers cannot wait for the next rollout (mode async, or max_staleness 0), a round after the
+    first draws only the groups the rollout still lacks."""
     buffer_filter: str = "fifo"
     """Which buffered groups a rollout takes first: fifo, or module:function taking (groups, count)
     and returning the indices of the groups to take."""
@@ -308,6 +313,24 @@ class RolloutSpec(Component):
                 "rollout.partial_rollout cannot be combined with rollout.mode async: a continued group began "
                 "with weights older than max_staleness allows; use mode sync, or drop partial_rollout"
             )
+        if self.round_size > self.prompts_per_rollout and not self.leftovers_wait:
+            # Over-sampling exists to leave groups over for the next rollout, where these would be stale.
+            raise ValueError(
+                f"rollout.over_sampling_batch_size ({self.round_size}) above prompts_per_rollout cannot be combined "
+                f"with rollout.mode {self.mode} and rollout.max_staleness {self.max_staleness}: the groups it "
+                "leaves over would be too stale for the next rollout and dropped; "
+                + ("use mode sync, or drop over_sampling_batch_size" if self.mode == "async"
+                   else "set max_staleness >= 1, or drop over_sampling_batch_size")
+            )  # fmt: skip
+        if self.partial_rollout and self.round_size > (self.max_staleness + 1) * self.prompts_per_rollout:
+            # A rollout leaves up to round_size - prompts_per_rollout groups over, and the next
+            # max_staleness rollouts train prompts_per_rollout of them each before the rest go stale.
+            raise ValueError(
+                f"rollout.over_sampling_batch_size ({self.round_size}) is over (max_staleness + 1) x "
+                f"prompts_per_rollout ({(self.max_staleness + 1) * self.prompts_per_rollout}) with "
+                "rollout.partial_rollout: more groups would be left over than the next max_staleness rollouts "
+                "train before they go stale; lower over_sampling_batch_size or raise rollout.max_staleness"
+            )
         if self.dynamic_filter == "zero_std" and self.n_samples_per_prompt < 2:
             raise ValueError("dynamic_filter zero_std drops every group of one sample: set n_samples_per_prompt >= 2")
         return self
@@ -322,9 +345,17 @@ class RolloutSpec(Component):
         return self.over_sampling_batch_size or self.prompts_per_rollout
 
     @property
+    def leftovers_wait(self) -> bool:
+        """Whether a group generated for one rollout may still train in the next: in sync mode with
+        max_staleness >= 1. In async mode it would lag max_staleness + 1 versions there; otherwise
+        a round draws only the groups its rollout still lacks, and none is left over."""
+        return self.mode == "sync" and self.max_staleness >= 1
+
+    @property
     def buffers_groups(self) -> bool:
         """Whether groups may be left over from one rollout for a later one."""
-        return self.dynamic_filter is not None or self.round_size > self.prompts_per_rollout or self.partial_rollout
+        over_sampled = self.dynamic_filter is not None or self.round_size > self.prompts_per_rollout
+        return self.leftovers_wait and (over_sampled or self.partial_rollout)
 
     def generating_version(self, rollout_id: int) -> int:
         """The weight version that generates a rollout: a function of its id and the spec only, so a

@@ -171,6 +171,9 @@ class GroupBuffer:
         self._remove(taken)
         return taken
 
+    def holds_unfinished(self) -> bool:
+        return any(not group.finished for group in self.groups)
+
     def take_unfinished(self, count: int) -> list[Group]:
         """Remove and return up to ``count`` groups a partial rollout aborted, the oldest first."""
         taken = [group for group in self.groups if not group.finished][:count]

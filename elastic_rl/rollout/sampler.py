@@ -4,8 +4,10 @@ For each rollout the ``GroupSampler`` first takes groups from the buffer (the
 ones within the staleness bound; ``rollout.buffer_filter`` picks which), then
 generates rounds of ``rollout.round_size`` prompts through the router until
 the rollout has ``prompts_per_rollout`` groups that could be scored and that
-``rollout.dynamic_filter`` keeps. What it drops is returned with the reason
-(stale, unscorable, filtered); what is left over stays in the buffer. A
+``rollout.dynamic_filter`` keeps; where a leftover could not wait for the next
+rollout (async mode, or max_staleness 0) a round draws only the groups the
+rollout still lacks. What it drops is returned with the reason (stale,
+unscorable, filtered); what is left over stays in the buffer. A
 sample's seed depends on (job seed, rollout, round, sample) only, so a
 restarted orchestrator generates exactly what the lost one would have
 (``generation.GroupGenerator`` sends the requests).
@@ -13,8 +15,9 @@ restarted orchestrator generates exactly what the lost one would have
 With ``rollout.partial_rollout`` a round's groups are kept, buffered or dropped as they finish;
 once the rollout is full the requests still out are aborted, and their groups,
 with the tokens made so far, wait in the buffer. The next rollout generates
-them on first (each sample keeps its segments' log probs and weight versions),
-then fills the round with new prompts. Which requests an abort catches depends
+them on first, even when the buffer's finished groups would fill it alone
+(each sample keeps its segments' log probs and weight versions), then fills the
+round with new prompts. Which requests an abort catches depends
 on timing, so a partial rollout is not reproducible bitwise; what it commits is.
 """
 
@@ -245,12 +248,17 @@ class GroupSampler:
         started = time.monotonic()
         results: list[dict[str, Any]] = []
         rounds = empty_rounds = 0
-        while len(filled.groups) < wanted:
-            # A partial rollout first continues what the last one aborted, and new prompts fill the round
-            # up to round_size groups in play: more would be left over, and go stale in the buffer.
+        # A partial rollout continues what the last one aborted even when the buffer alone fills it:
+        # left for a later rollout, those groups would go stale.
+        while len(filled.groups) < wanted or (rounds == 0 and self.buffer.holds_unfinished()):
+            # New prompts fill the round up to round_size groups in play. A partial rollout, or one whose
+            # leftovers cannot wait for the next rollout, counts the groups it has: more would be left
+            # over, and go stale in the buffer. A rollout already full draws none.
             continued = self._continued_groups(rollout_id, self.buffer.take_unfinished(spec.round_size))
-            in_play = len(continued) + (len(filled.groups) if spec.partial_rollout else 0)
-            prompts, skipped = self.draw(max(0, spec.round_size - in_play))
+            counts_kept = spec.partial_rollout or not spec.leftovers_wait
+            in_play = len(continued) + (len(filled.groups) if counts_kept else 0)
+            room = spec.round_size - in_play if len(filled.groups) < wanted else 0
+            prompts, skipped = self.draw(max(0, room))
             filled.skipped += skipped
             filled.drawn += [prompt for prompt, _, _ in prompts]
             filled.continued_groups += len(continued)

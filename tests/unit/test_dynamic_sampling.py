@@ -212,6 +212,10 @@ def test_the_orchestrator_giving_up_fails_the_job_with_its_reason():
         ({"dynamic_filter": "zero_std", "n_samples_per_prompt": 1}, "zero_std drops every group of one sample"),
         ({"dynamic_filter": "median"}, "unknown filter 'median'"),
         ({"buffer_filter": "lifo"}, "unknown filter 'lifo'"),
+        ({"over_sampling_batch_size": 8, "mode": "async"},
+         "rollout.over_sampling_batch_size (8) above prompts_per_rollout cannot be combined with rollout.mode async"),
+        ({"over_sampling_batch_size": 8, "max_staleness": 0},
+         "with rollout.mode sync and rollout.max_staleness 0: the groups it leaves over would be too stale"),
     ],
 )
 def test_bad_sampling_options_are_named(rollout, field):
@@ -224,6 +228,23 @@ def test_async_generates_exactly_max_staleness_versions_behind():
     assert [spec(mode="async", max_staleness=2).rollout.generating_version(r) for r in range(4)] == [0, 0, 0, 1]
     with pytest.raises(SpecError, match="mode async .* set max_staleness >= 1"):
         spec(mode="async", max_staleness=0)
+
+
+@pytest.mark.parametrize("rollout", [{"mode": "async", "max_staleness": 1}, {"max_staleness": 0}])
+def test_where_leftovers_cannot_wait_the_filter_leaves_none(rollout):
+    job = spec(dynamic_filter="zero_std", **rollout)
+    groups_sampler, router = sampler(job)
+    filtered = 0
+    for rollout_id in range(6):
+        router.version = job.rollout.generating_version(rollout_id)
+        filled = asyncio.run(groups_sampler.fill(rollout_id))
+        trained = [g.prompt.index for g in filled.groups]
+        dropped = [g.prompt.index for g, reason in filled.dropped]
+        assert len(trained) == 4 and all(reason is DropReason.FILTERED for _, reason in filled.dropped)
+        assert sorted(trained + dropped) == sorted(p.index for p in filled.drawn)  # nothing left over
+        assert len(groups_sampler.buffer) == 0
+        filtered += len(dropped)
+    assert filtered > 0  # later rounds ran, each drawing only what its rollout lacked
 
 
 def filter_that_raises(group: Group) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 
 import pytest
 
@@ -17,7 +18,8 @@ from elastic_rl.engines import router as router_module
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import EngineError, GaveUp, SpecError
 from elastic_rl.model.tokenizer import load_tokenizer
-from elastic_rl.rollout.groups import SampleStatus
+from elastic_rl.rollout.data import Prompt
+from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
 from elastic_rl.rollout.sampler import GroupSampler
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -139,6 +141,52 @@ def test_every_group_is_trained_or_buffered_once_and_no_token_is_lost():
     assert aborted > 0
     assert len(drawn) == len(set(drawn))
     assert sorted(accounted) == sorted(drawn)
+
+
+def test_every_group_trains_at_three_times_over_sampling_with_two_versions_of_lag():
+    job = spec(over_sampling_batch_size=12, max_staleness=2)
+    tokenizer = load_tokenizer(job.model)
+    router = FakeStreamingRouter(tokenizer)
+    sampler = GroupSampler(job, tokenizer, router)
+    drawn, accounted, aborted = [], [], 0
+    for rollout_id in range(8):
+        filled = fill(sampler, router, rollout_id)
+        assert len(filled.groups) == 4 and filled.dropped == []
+        aborted += filled.metrics["rollout/aborted_samples"]
+        drawn += [p.index for p in filled.drawn]
+        accounted += [g.prompt.index for g in filled.groups]
+        assert all(rollout_id - group.oldest_version <= 2 for group in filled.groups)
+    accounted += [g.prompt.index for g in sampler.buffer.groups]
+    assert aborted > 0 and len(drawn) == len(set(drawn)) and sorted(accounted) == sorted(drawn)
+
+
+def finished_group(index: int, version: int) -> Group:
+    samples = [Sample([5], [-1.0], [Segment(version, 1)], SampleStatus.COMPLETED, 1.0) for _ in range(2)]
+    return Group(Prompt(index, 0, f"{index}=", str(index)), [1, 2], samples)
+
+
+def test_aborted_groups_are_continued_even_when_the_buffer_alone_fills_the_rollout():
+    job = spec(over_sampling_batch_size=12, max_staleness=2)
+    tokenizer = load_tokenizer(job.model)
+    router = FakeStreamingRouter(tokenizer)
+    sampler = GroupSampler(job, tokenizer, router)
+    fill(sampler, router, 0)
+    unfinished = [group.prompt.index for group in sampler.buffer.groups if not group.finished]
+    assert unfinished
+    sampler.buffer.groups[:0] = [finished_group(1000 + i, version=0) for i in range(4)]  # first in line
+
+    second = fill(sampler, router, 1)
+    assert [group.prompt.index for group in second.groups] == [1000, 1001, 1002, 1003]
+    assert second.metrics["rollout/continued_groups"] == len(unfinished)
+    assert second.drawn == []  # the rollout was full: no new prompt drawn
+    assert not sampler.buffer.holds_unfinished()
+    assert set(unfinished) <= {group.prompt.index for group in sampler.buffer.groups}
+
+
+def test_over_sampling_beyond_what_max_staleness_lets_wait_is_refused():
+    with pytest.raises(SpecError, match=re.escape("over_sampling_batch_size (12) is over (max_staleness + 1) x "
+                                                  "prompts_per_rollout (8) with rollout.partial_rollout")):  # fmt: skip
+        spec(over_sampling_batch_size=12)
 
 
 def test_partial_rollout_needs_room_for_one_version_of_lag():
