@@ -195,6 +195,15 @@ class Orchestrator:
                 rollout=rollout_id,
                 prompts=[[p.index, p.epoch] for p in filled.skipped],
             )
+        stale = [group.prompt for group, reason in filled.dropped if reason is DropReason.STALE]
+        if stale:
+            await self.progress.event(
+                "stale_groups_dropped",
+                f"{len(stale)} buffered group(s) more than rollout.max_staleness versions behind the rollout "
+                "dropped untrained",
+                rollout=rollout_id,
+                prompts=[[p.index, p.epoch] for p in stale],
+            )
         unscorable = [group.prompt for group, reason in filled.dropped if reason is DropReason.UNSCORABLE]
         if unscorable:
             await self.progress.event(

@@ -297,6 +297,7 @@ class GroupSampler:
         lengths = [len(sample.output_ids) for group in filled.groups for sample in group.samples]
         mean = sum(rewards) / len(rewards)
         filtered = sum(1 for _, reason in filled.dropped if reason is DropReason.FILTERED)
+        stale = sum(1 for _, reason in filled.dropped if reason is DropReason.STALE)
         metrics = {
             "rollout/reward_mean": mean,
             "rollout/reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) if len(rewards) > 1 else 0.0,
@@ -309,6 +310,7 @@ class GroupSampler:
             "rollout/generated_tokens": float(sum(len(r["output_ids"]) for r in results)),
             "rollout/groups_from_buffer": float(from_buffer),
             "rollout/buffered_groups": float(len(self.buffer)),
+            "rollout/stale_groups": float(stale),
             "rollout/filtered_fraction": filtered / filled.finished_groups if filled.finished_groups else 0.0,
             "rollout/aborted_samples": float(filled.aborted_samples),
             "rollout/continued_groups": float(filled.continued_groups),

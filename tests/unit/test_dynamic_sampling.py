@@ -129,11 +129,13 @@ def test_stale_buffered_groups_are_dropped_with_their_reason():
     groups_sampler.buffer.add([group(60, [1.0, 0.0, 0.0, 0.0], version=0), group(61, [1.0, 0.0, 0.0, 0.0], version=2)])
     filled = asyncio.run(groups_sampler.fill(2))
     assert [(g.prompt.index, reason) for g, reason in filled.dropped] == [(60, DropReason.STALE)]
+    assert filled.metrics["rollout/stale_groups"] == 1
     assert filled.groups[0].prompt.index == 61
 
     # With debug.rollout_only the engines keep weights 0: nothing buffered is staler than what generates.
     groups_sampler.buffer.add([group(62, [1.0, 0.0, 0.0, 0.0], version=0)])
     filled = asyncio.run(groups_sampler.fill(5, version=0))
+    assert filled.metrics["rollout/stale_groups"] == 0
     assert filled.dropped == [] and 62 in [g.prompt.index for g in filled.groups + groups_sampler.buffer.groups]
 
 

@@ -152,6 +152,7 @@ def test_every_group_trains_at_three_times_over_sampling_with_two_versions_of_la
     for rollout_id in range(8):
         filled = fill(sampler, router, rollout_id)
         assert len(filled.groups) == 4 and filled.dropped == []
+        assert filled.metrics["rollout/stale_groups"] == 0
         aborted += filled.metrics["rollout/aborted_samples"]
         drawn += [p.index for p in filled.drawn]
         accounted += [g.prompt.index for g in filled.groups]
