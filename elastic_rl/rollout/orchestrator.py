@@ -162,12 +162,13 @@ class Orchestrator:
     # --- the loop ---------------------------------------------------------------
 
     def resume_point(self) -> int:
-        """Restore the data source and the buffer from the newest committed rollout; return the next id."""
+        """Restore the sampler (data source, buffer, bad-data count) from the newest committed rollout;
+        return the next id."""
         done = layout.committed_rollouts(self.workdir)
         if not done:
             return 0
         _, meta = read_rollout(self.workdir, done[-1])
-        self.sampler.load_state_dict(meta["data_state"], meta.get("buffer", []))
+        self.sampler.load_state_dict(meta)
         return done[-1] + 1
 
     async def fill(self, rollout_id: int) -> tuple[RolloutBatch, Filled]:
@@ -266,10 +267,8 @@ class Orchestrator:
         metrics["rollout/weight_version"] = float(self.engine_version)
         metrics["rollout/skipped_prompts"] = float(len(filled.skipped))
         metrics["rollout/weights_load_time"] = load_time
-        state = self.sampler.state_dict()
         meta = {
-            "data_state": state["data"],
-            "buffer": state["buffer"],
+            **self.sampler.state_dict(),
             "metrics": metrics,
             "skipped_prompts": [[p.index, p.epoch] for p in filled.skipped],
             # Every prompt generated for this rollout, in draw order, and every group dropped, with why:

@@ -100,11 +100,18 @@ class GroupSampler:
     # --- state, committed with every rollout -------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"data": self.data.state_dict(), "buffer": self.buffer.to_json()}
+        """The state a restarted orchestrator resumes from, as the rollout's meta.json holds it."""
+        return {
+            "data_state": self.data.state_dict(),
+            "buffer": self.buffer.to_json(),
+            "bad_samples_in_a_row": self.bad_data.count,
+        }
 
-    def load_state_dict(self, data_state: dict[str, int], buffer: list[dict[str, Any]]) -> None:
-        self.data.load_state_dict(data_state)
-        self.buffer = GroupBuffer.from_json(buffer)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from a rollout's meta (which holds other keys beside this state)."""
+        self.data.load_state_dict(state["data_state"])
+        self.buffer = GroupBuffer.from_json(state["buffer"])
+        self.bad_data.count = state["bad_samples_in_a_row"]
 
     # --- drawing ------------------------------------------------------------------------
 

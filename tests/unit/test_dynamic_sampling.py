@@ -116,7 +116,7 @@ def test_the_filter_keeps_every_rollout_full_and_the_leftovers_wait_in_the_buffe
     # Nothing generated is lost: every drawn prompt is trained, dropped or buffered (checked over a restart).
     state = groups_sampler.state_dict()
     restarted, _ = sampler(job)
-    restarted.load_state_dict(state["data"], state["buffer"])
+    restarted.load_state_dict(state)
     assert [g.to_json() for g in restarted.buffer.groups] == [g.to_json() for g in groups_sampler.buffer.groups]
     again = asyncio.run(restarted.fill(3))
     same = asyncio.run(groups_sampler.fill(3))

@@ -98,7 +98,7 @@ def test_aborted_groups_wait_with_their_tokens_and_are_continued_first():
     # A restarted orchestrator resumes from the committed state: the same buffer, tokens and all.
     restarted = GroupSampler(job, tokenizer, router)
     state = sampler.state_dict()
-    restarted.load_state_dict(state["data"], state["buffer"])
+    restarted.load_state_dict(state)
     assert restarted.buffer.to_json() == sampler.buffer.to_json()
 
     router.inputs.clear()
