@@ -69,8 +69,14 @@ class Orchestrator:
         self.router = router
         self.progress = progress
         self.tokenizer = load_tokenizer(self.spec.model)
-        self.sampler = GroupSampler(self.spec, self.tokenizer, router)
-        self.evaluator = Evaluator(self.spec, self.tokenizer, self.sampler.generator, self.sampler.scorer)
+        self.replaying = self.spec.debug.train_only is not None
+        # A replay copies another job's rollouts: it builds no sampler, so it imports none of the user's
+        # functions (reward, generate, filters), which only generating calls.
+        self.sampler: GroupSampler | None = None
+        self.evaluator: Evaluator | None = None
+        if not self.replaying:
+            self.sampler = GroupSampler(self.spec, self.tokenizer, router)
+            self.evaluator = Evaluator(self.spec, self.tokenizer, self.sampler.generator, self.sampler.scorer)
         self.sinks = metric_sinks(self.spec, self.workdir)
         # Checked before each commit: only the orchestrator the controller assigned writes the log.
         self.assignment = assignment
@@ -163,12 +169,13 @@ class Orchestrator:
 
     def resume_point(self) -> int:
         """Restore the sampler (data source, buffer, bad-data count) from the newest committed rollout;
-        return the next id."""
+        return the next id. A replay has nothing to restore."""
         done = layout.committed_rollouts(self.workdir)
         if not done:
             return 0
         _, meta = read_rollout(self.workdir, done[-1])
-        self.sampler.load_state_dict(meta)
+        if not self.replaying:
+            self.sampler.load_state_dict(meta)
         return done[-1] + 1
 
     async def fill(self, rollout_id: int) -> tuple[RolloutBatch, Filled]:
@@ -283,13 +290,13 @@ class Orchestrator:
         spec, debug = self.spec.rollout, self.spec.debug
         start = self.resume_point()
         recorded = self.recorded_point()
-        if debug.train_only is None:
+        if not self.replaying:
             await self.wait_for_engines()
-        generator = self.sampler.generator
         for rollout_id in range(start, spec.num_rollouts):
-            # rollout/failed_requests counts the rollout's weight loads and eval as well as its generation.
-            generator.failed_requests = 0
-            if debug.train_only is None:
+            if not self.replaying:
+                generator = self.sampler.generator
+                # rollout/failed_requests counts the rollout's weight loads and eval as well as its generation.
+                generator.failed_requests = 0
                 version = 0 if debug.rollout_only else spec.generating_version(rollout_id)
                 await self.wait_for_weights(version)  # the trainers' time: not bounded as a load is
                 load_time = await generator.serve(Serving(version, lambda version=version: self.serve_version(version)))
@@ -297,10 +304,10 @@ class Orchestrator:
             while recorded < rollout_id and self.trained(recorded):
                 await self.record_trained(recorded)
                 recorded += 1
-            if debug.train_only is None:
-                batch, meta = await self.generate_rollout(rollout_id, load_time)
-            else:
+            if self.replaying:
                 batch, meta = read_rollout(debug.train_only, rollout_id)  # replayed as it was generated
+            else:
+                batch, meta = await self.generate_rollout(rollout_id, load_time)
             meta["writer"] = self.writer()
             commit_started = time.monotonic()
             if self.assignment is not None:

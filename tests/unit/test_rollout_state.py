@@ -1,22 +1,26 @@
 """The orchestrator's state in the rollout log: what it commits with a rollout and restores on a
-restart (the bad-data count included), and what it reports (stale groups). Generation is the fake
-router of test_dynamic_sampling."""
+restart (the bad-data count included), what it reports (stale groups) and what a replay
+(debug.train_only) loads. Generation is the fake router of test_dynamic_sampling."""
 
 from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
-from checkpoints.rollout_log import write_rollout
+from checkpoints import layout
+from checkpoints.rollout_log import read_rollout, write_rollout
 from elastic_rl.config import validate_spec
-from elastic_rl.errors import GaveUp
+from elastic_rl.errors import GaveUp, SpecError
 from elastic_rl.jobenv import JobEnv
 from elastic_rl.rollout.orchestrator import Orchestrator
 from elastic_rl.rollout.progress import ProgressReporter
 from tests.unit.test_dynamic_sampling import FakeRouter, group
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+UNIMPORTABLE = "no_such_module_of_the_user:function"
 
 
 def spec(**fields):
@@ -44,7 +48,8 @@ class RecordingProgress(ProgressReporter):
 
 def orchestrator(job, workdir) -> Orchestrator:
     made = Orchestrator(JobEnv("t", workdir, job), None, RecordingProgress(workdir), None)
-    made.sampler.generator.router = FakeRouter(made.tokenizer)
+    if made.sampler is not None:
+        made.sampler.generator.router = FakeRouter(made.tokenizer)
     return made
 
 
@@ -80,3 +85,24 @@ def test_stale_groups_are_counted_and_reported(tmp_path):
     _, filled = asyncio.run(made.fill(2))
     assert filled.metrics["rollout/stale_groups"] == 1
     assert made.progress.events == [("stale_groups_dropped", {"rollout": 2, "prompts": [[60, 0]]})]
+
+
+def test_a_replay_imports_no_user_function_and_commits_the_source_rollouts(tmp_path):
+    source, replay = tmp_path / "source", tmp_path / "replay"
+    generating = orchestrator(spec(), source)
+    for rollout_id in range(2):
+        commit(generating, source, rollout_id)
+    users = {"reward": UNIMPORTABLE, "dynamic_filter": UNIMPORTABLE, "buffer_filter": UNIMPORTABLE}
+    with pytest.raises(SpecError, match="rollout.reward: cannot load"):
+        orchestrator(spec(rollout=users), replay)
+
+    replaying = orchestrator(spec(rollout=users, debug={"train_only": str(source)}), replay)
+    assert replaying.sampler is None
+    (replay / "metrics").mkdir(parents=True)
+    for rollout_id in range(2):  # as the trainers would, once they applied each
+        layout.train_metrics_path(replay, rollout_id).write_bytes(orjson.dumps({"train/loss": 0.5}))
+    asyncio.run(asyncio.wait_for(replaying.run(), timeout=30))
+    assert layout.committed_rollouts(replay) == [0, 1]
+    for rollout_id in range(2):
+        (theirs, their_meta), (mine, my_meta) = read_rollout(source, rollout_id), read_rollout(replay, rollout_id)
+        assert mine.tokens.equal(theirs.tokens) and my_meta["drawn_prompts"] == their_meta["drawn_prompts"]
