@@ -2,13 +2,15 @@
 and for a resume to replay.
 
 ``rollouts/<N>/`` holds ``batch.safetensors`` (the tensors of a
-``RolloutBatch``), ``meta.json`` (the data source's and the buffer's state
-after the rollout, the prompts drawn, the groups dropped and why, each
-sample's status, the rollout's metrics) and a manifest of their sizes and
-checksums. The folder appears atomically, so a trainer never sees half a
-batch. Samples of a GRPO group are contiguous. A rollout the NaN guard rolls
-back is quarantined: every trainer skips it, on a replay too. Retention cuts
-the log below the oldest snapshot kept (``cut_below``).
+``RolloutBatch``), ``meta.json`` (the sampler's state after the rollout:
+data source, buffer, bad samples in a row; the prompts drawn, the groups
+dropped and why, each sample's status, the rollout's metrics) and a manifest
+of their sizes and checksums. The meta records the log's format: a rollout
+of another format (written by another version of elastic-rl) is refused,
+never half read. The folder appears atomically, so a trainer never sees half
+a batch. Samples of a GRPO group are contiguous. A rollout the NaN guard
+rolls back is quarantined: every trainer skips it, on a replay too.
+Retention cuts the log below the oldest snapshot kept (``cut_below``).
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ from safetensors.torch import load_file, save_file
 from checkpoints.layout import META_FILE, committed_rollouts, quarantine_path, rollout_dir
 from checkpoints.manifest import write_manifest
 from elastic_rl.atomic import atomic_directory, write_file_atomic
+from elastic_rl.errors import RolloutLogError
 
 BATCH_FILE = "batch.safetensors"
+LOG_FORMAT = 2
+"""Written in every rollout's meta; one more whenever the batch's tensors or the meta's keys change
+(2: loss masks, sample metadata and errors in the buffer, the bad-data count)."""
 
 
 def response_mask(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -64,20 +70,37 @@ def write_rollout(workdir: Path, rollout_id: int, batch: RolloutBatch, meta: dic
     target = rollout_dir(workdir, rollout_id)
     with atomic_directory(target) as temp:
         save_file({f.name: getattr(batch, f.name).contiguous() for f in fields(batch)}, str(temp / BATCH_FILE))
-        (temp / META_FILE).write_bytes(orjson.dumps({"rollout_id": rollout_id, **meta}, option=orjson.OPT_SORT_KEYS))
+        record = {**meta, "rollout_id": rollout_id, "format": LOG_FORMAT}
+        (temp / META_FILE).write_bytes(orjson.dumps(record, option=orjson.OPT_SORT_KEYS))
         write_manifest(temp, {"rollout_id": rollout_id})
     return target
 
 
 def read_rollout(workdir: Path, rollout_id: int) -> tuple[RolloutBatch, dict[str, Any]]:
     folder = rollout_dir(workdir, rollout_id)
-    tensors = load_file(str(folder / BATCH_FILE))
-    return RolloutBatch(**tensors), orjson.loads((folder / META_FILE).read_bytes())
+    meta = read_meta(folder)
+    return RolloutBatch(**load_file(str(folder / BATCH_FILE))), meta
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    """A committed rollout's meta; RolloutLogError if the rollout is of another format."""
+    path = folder / META_FILE
+    meta = orjson.loads(path.read_bytes())
+    found = meta.get("format", 1)  # format 1 had no number
+    if found != LOG_FORMAT:
+        raise RolloutLogError(
+            f"{path}: a rollout log of format {found}, written by another version of elastic-rl; this one reads "
+            f"format {LOG_FORMAT} only: run the job in a new work dir (for debug.train_only, generate the log again)"
+        )
+    return meta
 
 
 def batch_rows(workdir: Path, rollout_id: int) -> int:
-    """The samples in a committed rollout, from its batch file's header (no tensor is read)."""
-    with open(rollout_dir(workdir, rollout_id) / BATCH_FILE, "rb") as handle:
+    """The samples in a committed rollout, from its batch file's header (no tensor is read); the
+    rollout's format is checked first."""
+    folder = rollout_dir(workdir, rollout_id)
+    read_meta(folder)
+    with open(folder / BATCH_FILE, "rb") as handle:
         header = orjson.loads(handle.read(int.from_bytes(handle.read(8), "little")))
     return int(header["tokens"]["shape"][0])
 

@@ -19,6 +19,10 @@ class InputError(ElasticRLError):
     """A command was given something it cannot use (a missing file, a taken name); exit code 2."""
 
 
+class RolloutLogError(InputError):
+    """A rollout log this version cannot read: another version of elastic-rl wrote it."""
+
+
 class EngineError(ElasticRLError):
     """An inference engine or the router answered with an error or not at all."""
 

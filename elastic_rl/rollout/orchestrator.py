@@ -39,7 +39,7 @@ from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
-from elastic_rl.errors import GaveUp, SpecError
+from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
 from checkpoints.rollout_log import RolloutBatch, read_rollout, response_mask, write_rollout
@@ -334,8 +334,9 @@ async def amain() -> None:
     ):
         try:
             await Orchestrator(env, router, progress, assignment).run()
-        # A user's function that cannot be imported fails the same way after every restart.
-        except (GaveUp, SpecError) as exc:
+        # A user's function that cannot be imported, or a rollout log of another version, fails the same
+        # way after every restart.
+        except (GaveUp, SpecError, RolloutLogError) as exc:
             log.error("giving up: %s", exc)
             await progress.give_up(str(exc))
             sys.exit(EXIT_GAVE_UP)

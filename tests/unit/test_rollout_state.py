@@ -1,6 +1,7 @@
 """The orchestrator's state in the rollout log: what it commits with a rollout and restores on a
-restart (the bad-data count included), what it reports (stale groups) and what a replay
-(debug.train_only) loads. Generation is the fake router of test_dynamic_sampling."""
+restart (the bad-data count included), what it reports (stale groups), what a replay
+(debug.train_only) loads, and a log of another format refused by name. Generation is the fake
+router of test_dynamic_sampling."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import orjson
 import pytest
 
 from checkpoints import layout
-from checkpoints.rollout_log import read_rollout, write_rollout
+from checkpoints.rollout_log import batch_rows, read_rollout, write_rollout
+from elastic_rl.cli import main
 from elastic_rl.config import validate_spec
-from elastic_rl.errors import GaveUp, SpecError
+from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
 from elastic_rl.jobenv import JobEnv
 from elastic_rl.rollout.orchestrator import Orchestrator
 from elastic_rl.rollout.progress import ProgressReporter
+from tests.processes import SPEC
 from tests.unit.test_dynamic_sampling import FakeRouter, group
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -106,3 +109,21 @@ def test_a_replay_imports_no_user_function_and_commits_the_source_rollouts(tmp_p
     for rollout_id in range(2):
         (theirs, their_meta), (mine, my_meta) = read_rollout(source, rollout_id), read_rollout(replay, rollout_id)
         assert mine.tokens.equal(theirs.tokens) and my_meta["drawn_prompts"] == their_meta["drawn_prompts"]
+
+
+def test_a_rollout_log_of_another_format_is_refused_with_what_to_do(tmp_path, capsys):
+    made = orchestrator(spec(), tmp_path)
+    commit(made, tmp_path, 0)
+    meta_path = layout.rollout_dir(tmp_path, 0) / layout.META_FILE
+    meta = orjson.loads(meta_path.read_bytes())
+    del meta["format"], meta["bad_samples_in_a_row"]  # as the version before the format number wrote it
+    meta_path.write_bytes(orjson.dumps(meta))
+
+    why = f"{meta_path}: a rollout log of format 1, written by another version .* run the job in a new work dir"
+    with pytest.raises(RolloutLogError, match=why):
+        orchestrator(spec(), tmp_path).resume_point()
+    with pytest.raises(RolloutLogError, match=why):
+        batch_rows(tmp_path, 0)
+    # Replaying it is refused before the job starts, with exit code 2.
+    code = main(["validate", str(SPEC), "--set", "rollout.num_rollouts=1", "--set", f"debug.train_only={tmp_path}"])
+    assert code == 2 and "a rollout log of format 1" in capsys.readouterr().err
