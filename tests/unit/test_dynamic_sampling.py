@@ -189,6 +189,33 @@ def test_failed_requests_are_sent_again_until_their_budget_runs_out(monkeypatch)
         asyncio.run(down.fill(0))
 
 
+class FakeSlowRouter(FakeRouter):
+    """The fake router, whose requests take a moment, recording the most in flight at once."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.in_flight = self.most_in_flight = 0
+
+    async def generate(self, ids, params):
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.005)
+            return await super().generate(ids, params)
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.mark.parametrize(("cap", "most"), [(3, 3), (None, 16)])
+def test_max_concurrency_caps_the_requests_in_flight(cap, most):
+    job = spec(max_concurrency=cap)
+    tokenizer = load_tokenizer(job.model)
+    router = FakeSlowRouter(tokenizer)
+    filled = asyncio.run(GroupSampler(job, tokenizer, router).fill(0))
+    assert len(filled.groups) == 4 and router.requests == 16
+    assert router.most_in_flight == most  # a round's 16 requests at once without a cap
+
+
 def test_a_filter_that_keeps_nothing_gives_up():
     job = spec(dynamic_filter="tests.unit.test_dynamic_sampling:keep_nothing", max_filtered_rounds=3)
     groups_sampler, router = sampler(job)
@@ -247,6 +274,29 @@ def test_where_leftovers_cannot_wait_the_filter_leaves_none(rollout):
         assert len(groups_sampler.buffer) == 0
         filtered += len(dropped)
     assert filtered > 0  # later rounds ran, each drawing only what its rollout lacked
+
+
+def keep_odd_prompts(group: Group) -> bool:
+    return group.prompt.index % 2 == 1
+
+
+def newest_first(groups: list[Group], count: int) -> list[int]:
+    return list(reversed(range(len(groups))))[:count]
+
+
+def test_a_users_dynamic_filter_and_buffer_filter_are_used():
+    job = spec(dynamic_filter="tests.unit.test_dynamic_sampling:keep_odd_prompts",
+               buffer_filter="tests.unit.test_dynamic_sampling:newest_first", over_sampling_batch_size=8)  # fmt: skip
+    groups_sampler, _ = sampler(job)
+    filled = asyncio.run(groups_sampler.fill(0))
+    assert len(filled.groups) == 4 and all(g.prompt.index % 2 == 1 for g in filled.groups)
+    dropped = [(g.prompt.index % 2, reason) for g, reason in filled.dropped]
+    assert dropped and set(dropped) == {(0, DropReason.FILTERED)}
+
+    groups_sampler.buffer.groups = [group(i, [1.0, 0.0, 0.0, 0.0], version=1) for i in (61, 63, 65, 67, 69)]
+    filled = asyncio.run(groups_sampler.fill(1))
+    assert [g.prompt.index for g in filled.groups] == [69, 67, 65, 63]  # the newest first, as the function chose
+    assert [g.prompt.index for g in groups_sampler.buffer.groups] == [61]
 
 
 def filter_that_raises(group: Group) -> bool:
