@@ -23,7 +23,7 @@ from pathlib import Path
 from checkpoints import layout
 from elastic_rl import jobenv
 from elastic_rl.config import JobSpec
-from elastic_rl.engines.launcher import engine_command
+from elastic_rl.engines.launcher import engine_command, engine_env
 from elastic_rl.engines.router import router_command
 from elastic_rl.net import url
 from elastic_rl.store.devices import assignment_slots
@@ -126,6 +126,8 @@ def process_env(
     ft = spec.fault_tolerance
     nccl = nccl_settings(ft.quorum_timeout_s, ft.collective_timeout_s) if trainer else None
     env.update(device_env(device, nccl))
+    if proc.role is Role.ENGINE:
+        env.update(engine_env(spec.engines))
     if trainer:
         identity = jobenv.REPLICA if proc.role is Role.TRAINER else jobenv.SPARE
         env.update({

@@ -46,6 +46,9 @@ CUBLAS_WORKSPACE_CONFIG = "CUBLAS_WORKSPACE_CONFIG"
 NCCL_HEARTBEAT_TIMEOUT = "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"
 NCCL_RETHROW_CUDA_ERRORS = "TORCH_NCCL_RETHROW_CUDA_ERRORS"
 NCCL_NONBLOCKING_TIMEOUT = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
+SGLANG_HEALTH_GENERATION = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
+"""Off in an SGLang engine's environment (``engines.launcher.engine_env``): its /health then only
+says that the server answers, while /health_generate, which erld asks too, runs a generation."""
 
 def spec_hash(spec: JobSpec) -> str:
     """A short hash of the resolved spec, recorded in every snapshot."""

@@ -70,6 +70,7 @@ def test_an_sglang_engine_sees_all_its_gpus_without_trainer_nccl_settings(sglang
     env = env_of("engine-0", {"device": 2, "devices": [2, 3], "port": 30000}, sglang_job, DeviceKind.CUDA)
     assert env[jobenv.DEVICE_KIND] == "cuda" and env[jobenv.CUDA_VISIBLE_DEVICES] == "2,3"
     assert jobenv.NCCL_HEARTBEAT_TIMEOUT not in env
+    assert env[jobenv.SGLANG_HEALTH_GENERATION] == "0"  # /health answers while weights load
 
 
 def test_a_cpu_node_and_a_cpu_engine_see_no_gpu():
@@ -82,6 +83,7 @@ def test_a_cpu_node_and_a_cpu_engine_see_no_gpu():
         env = env_of(name, assignment, spec, kind)
         assert env[jobenv.DEVICE_KIND] == "cpu" and env[jobenv.CUDA_VISIBLE_DEVICES] == "", name
         assert jobenv.NCCL_HEARTBEAT_TIMEOUT not in env and jobenv.CUBLAS_WORKSPACE_CONFIG not in env
+        assert jobenv.SGLANG_HEALTH_GENERATION not in env
 
 
 def test_gpus_all_or_a_count_of_the_gpus_nvml_found():
