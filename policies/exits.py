@@ -29,6 +29,9 @@ EXIT_DEVICE_QUARANTINED = 76
 """This replica's device produced non-finite values: mark it failed, move the replica."""
 EXIT_GAVE_UP = 77
 """The orchestrator's failure budget ran out (e.g. too much unscorable data): restarting cannot help."""
+EXIT_SYNC_HUNG = 74
+"""A trainer's weight sync hung past its abort, and the trainer ended itself: a crash like any other
+(the last row), named so that no other code takes its number."""
 
 
 class ExitAction(Enum):

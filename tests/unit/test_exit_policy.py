@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.exits import EXIT_DEVICE_QUARANTINED, EXIT_ROLLBACK, ExitAction, ExitFacts, decide_exit
+from policies.exits import EXIT_DEVICE_QUARANTINED, EXIT_ROLLBACK, EXIT_SYNC_HUNG, ExitAction, ExitFacts, decide_exit
 from policies.restart import RestartPolicy
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -33,6 +33,11 @@ def test_a_trainer_done_is_done(role):
 def test_a_rollback_restarts_at_once_without_the_backoff():
     decision = decide("trainer", EXIT_ROLLBACK, restarts=[99.0])
     assert decision.action is ExitAction.RESTART and decision.rollback and decision.delay_s == 0.0
+
+
+def test_a_trainer_that_ended_a_hung_weight_sync_restarts_like_after_a_crash():
+    decision = decide("trainer", EXIT_SYNC_HUNG)
+    assert decision.action is ExitAction.RESTART and not decision.rollback and decision.delay_s == 0.5
 
 
 def test_a_quarantined_device_moves_the_replica_and_marks_the_device():
