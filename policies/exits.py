@@ -29,6 +29,9 @@ EXIT_DEVICE_QUARANTINED = 76
 """This replica's device produced non-finite values: mark it failed, move the replica."""
 EXIT_GAVE_UP = 77
 """The orchestrator's failure budget ran out (e.g. too much unscorable data): restarting cannot help."""
+EXIT_SUPERSEDED = 78
+"""A process found its assignment taken by a newer instance (``elastic_rl.fencing``): a crash like any
+other here. It was 77 too, so an orchestrator superseded failed the job as if it had given up."""
 EXIT_SYNC_HUNG = 74
 """A trainer's weight sync hung past its abort, and the trainer ended itself: a crash like any other
 (the last row), named so that no other code takes its number."""
