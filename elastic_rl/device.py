@@ -15,6 +15,7 @@ import os
 import torch
 
 from elastic_rl import jobenv
+from elastic_rl.errors import WrongDevice
 from policies.devices import DeviceKind, ProcessDevice
 
 
@@ -31,10 +32,11 @@ def activate(device: ProcessDevice) -> torch.device:
     """Make ``device`` the one this process's tensors live on; return it as torch names it."""
     if device.kind is DeviceKind.CUDA:
         if not torch.cuda.is_available():
-            raise RuntimeError(
-                f"erld gave this process GPU slot(s) {list(device.slots)}, but torch sees no CUDA device here "
-                f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}); install a CUDA build of torch"
-            )
+            where = f"erld gave this process GPU slot(s) {list(device.slots)}, but torch sees no CUDA device here"
+            if torch.version.cuda is None:
+                raise WrongDevice(f"{where} (torch {torch.__version__} is built without CUDA); install a CUDA build of torch")
+            # A CUDA build that sees no GPU: a device or driver fault, which a restart or a spare may get past.
+            raise RuntimeError(f"{where} (torch {torch.__version__}, built for CUDA {torch.version.cuda})")
         torch.cuda.set_device(0)  # the first of the GPUs it sees, which are its slots
     return torch.device(device.torch_device)
 
