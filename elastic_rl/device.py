@@ -1,7 +1,7 @@
 """This process's device as erld assigned it (the device rule, ``policies.devices``), applied to torch.
 
 erld writes the rule's decision into a process's environment
-(``ERL_DEVICE_KIND``, ``CUDA_VISIBLE_DEVICES``); ``assigned()`` reads it
+(``ERL_DEVICE_KIND``, ``ERL_SLOTS``, ``CUDA_VISIBLE_DEVICES``); ``assigned()`` reads it
 back. A process started any other way (a test's worker, the initial export)
 is a CPU process unless its environment says otherwise. The model builder,
 the trainer, its torchft Manager and the collectives take their device and
@@ -24,8 +24,8 @@ def assigned() -> ProcessDevice:
     kind = DeviceKind(os.environ.get(jobenv.DEVICE_KIND) or DeviceKind.CPU.value)
     if kind is DeviceKind.CPU:
         return ProcessDevice(kind)
-    visible = os.environ.get(jobenv.CUDA_VISIBLE_DEVICES, "")
-    return ProcessDevice(kind, tuple(int(index) for index in visible.split(",") if index.strip()))
+    slots = os.environ.get(jobenv.SLOTS, "")
+    return ProcessDevice(kind, tuple(int(slot) for slot in slots.split(",") if slot.strip()))
 
 
 def activate(device: ProcessDevice) -> torch.device:

@@ -38,6 +38,9 @@ ADVERTISE_HOST = "ERL_ADVERTISE_HOST"
 """The address of the process's node that its servers bind and peers reach."""
 DEVICE_KIND = "ERL_DEVICE_KIND"
 """cpu or cuda: what the process computes on (``policies.devices``); unset means cpu."""
+SLOTS = "ERL_SLOTS"
+"""The node's device slots the process holds (``4,5``), numbered as erld and its users number them;
+on CUDA, ``CUDA_VISIBLE_DEVICES`` names the same GPUs as CUDA numbers them, which may differ."""
 
 # Set by erld from the device rule, read by CUDA, torch and NCCL themselves.
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

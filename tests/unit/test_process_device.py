@@ -25,7 +25,8 @@ def test_a_process_erld_did_not_start_is_a_cpu_process(monkeypatch):
 
 def test_a_gpu_process_reads_its_slots_back(monkeypatch):
     monkeypatch.setenv(jobenv.DEVICE_KIND, "cuda")
-    monkeypatch.setenv(jobenv.CUDA_VISIBLE_DEVICES, "4,5")
+    monkeypatch.setenv(jobenv.SLOTS, "4,5")
+    monkeypatch.setenv(jobenv.CUDA_VISIBLE_DEVICES, "GPU-1234,GPU-5678")  # the same GPUs, by UUID
     assert device.assigned() == ProcessDevice(DeviceKind.CUDA, (4, 5))
 
 
