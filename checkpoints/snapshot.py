@@ -200,8 +200,10 @@ class SnapshotWriter:
             pending.result()  # _write reports its own failures and never raises
 
 
-def load_snapshot(state: TrainingState, path: Path) -> tuple[int, int]:
-    """Restore ``state`` from the snapshot at ``path`` (any TP size); return (step, last_rollout)."""
+def load_snapshot(state: TrainingState, path: Path, group: torch.distributed.ProcessGroup) -> tuple[int, int]:
+    """Restore ``state`` from the snapshot at ``path`` (any TP size); return (step, last_rollout).
+    ``group``: the gloo group DCP coordinates over (the ``SnapshotWriter``'s), never the replica's
+    default group, which is NCCL's on a GPU."""
     for param in state.model.parameters():
         if param not in state.optimizer.state:
             state.optimizer.state[param] = {
@@ -212,7 +214,7 @@ def load_snapshot(state: TrainingState, path: Path) -> tuple[int, int]:
     # A GPU tensor is loaded through a CPU twin, then copied in.
     targets = {name: (_on_cpu(tensor), placement) for name, (tensor, placement) in live.items()}
     entries = _dcp_entries(targets, tp_mesh())
-    dcp.load(entries, storage_reader=SafeFileSystemReader(str(path)))
+    dcp.load(entries, storage_reader=SafeFileSystemReader(str(path)), process_group=group)
     for name, (tensor, _) in live.items():
         if tensor is not targets[name][0]:
             tensor.copy_(targets[name][0])

@@ -73,10 +73,12 @@ class JobAgent:
         table: ProcessTable,
         device_cooldown_s: float | None,
         device_kind: DeviceKind = DeviceKind.CPU,
+        gpu_ids: tuple[str, ...] = (),
     ):
         self.job_id, self.spec, self.workdir = job_id, spec, workdir
         self.node, self.host = node, advertise_host
         self.device_kind = device_kind  # what this node's slots are
+        self.gpu_ids = gpu_ids  # on a GPU node, its GPUs' CUDA indices (daemon.gpus)
         self.store, self.etcd_endpoint, self.events = store, etcd_endpoint, events
         self.table = table
         self.device_cooldown_s = device_cooldown_s
@@ -355,7 +357,8 @@ class JobAgent:
 
     async def _spawn(self, proc: LocalProc, spec: ProcSpec, assignment: dict, endpoints: Endpoints, extra: dict) -> None:
         restarted = proc.state is ProcState.RESTARTING
-        env = {**process_env(spec, assignment, endpoints, self._base_env(), self.host, self.spec, self.device_kind), **extra}
+        env = process_env(spec, assignment, endpoints, self._base_env(), self.host, self.spec, self.device_kind, self.gpu_ids)
+        env.update(extra)
         self.table.spawn(proc, command(spec, assignment, self.spec, self.workdir, self.host), env, self.workdir)
         await self._publish(proc)
         if restarted:

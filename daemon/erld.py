@@ -7,7 +7,7 @@ Every erld holds its node name under a lease (one live erld per name; an erld
 that died on this host is taken over at once). One of them holds the leader
 key and is the controller (``daemon.controller``): it places every job's
 processes. A node's device slots are CPU slots (``--cpu-devices N``) or its
-GPUs (``--gpus all`` or ``--gpus N``, counted through NVML, ``daemon.gpus``);
+GPUs (``--gpus all`` or ``--gpus N``, found through NVML, ``daemon.gpus``);
 the node record says which, and each process runs on its slots by the device
 rule (``policies.devices``). Every erld, the leader too, is an agent (``daemon.agent``): it
 runs exactly the processes assigned to its node. With no ``--etcd`` it starts
@@ -83,7 +83,9 @@ class NodeConfig:
     devices: int = 4
     """Device slots the node offers."""
     device_kind: DeviceKind = DeviceKind.CPU
-    """What the slots are: CPU slots, or GPUs (slot i is NVML's GPU i)."""
+    """What the slots are: CPU slots, or GPUs."""
+    gpu_ids: tuple[str, ...] = ()
+    """On a GPU node, what CUDA_VISIBLE_DEVICES names its GPUs by, slot i's at i (``daemon.gpus``)."""
     lease_ttl_s: int = DEFAULT_LEASE_TTL_S
     device_cooldown_s: float | None = None
     """How long a failed device stays failed; None: until `erl devices reset`."""
@@ -245,6 +247,7 @@ class Erld:
         agent = JobAgent(
             job_id, spec, workdir, self.node, self.config.advertise_host, self.store, self.endpoint,
             self._events(job_id, workdir), self.table, self.config.device_cooldown_s, self.config.device_kind,
+            self.config.gpu_ids,
         )  # fmt: skip
         agent.lease = self.lease
         agent.submitted = status.get("submitted")

@@ -1,21 +1,57 @@
-"""This node's GPUs as `erl daemon --gpus` offers them: counted through NVML (nvidia-ml-py).
+"""This node's GPUs as `erl daemon --gpus` offers them: found through NVML (nvidia-ml-py), known by UUID.
 
-``--gpus all`` offers every GPU NVML sees, ``--gpus N`` the first N. Slot i is
-NVML's GPU i; erld starts every GPU process with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
-so that CUDA numbers them the same way. Counting needs NVIDIA's driver, not
-CUDA or torch.
+``--gpus all`` offers every GPU erld may use, ``--gpus N`` the first N of
+them: every GPU NVML sees or, where erld itself was started with a
+``CUDA_VISIBLE_DEVICES`` (a scheduler's share of the machine), only the GPUs
+that lists, in its order. Slot i is the i-th GPU offered; users and the
+controller see slots 0 to N-1.
+
+A process on slot i is given that GPU's CUDA index in ``CUDA_VISIBLE_DEVICES``
+with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (``daemon.plan``): its place among the
+node's GPUs sorted by PCI bus id, which is how CUDA then numbers them, found
+from the GPU's own PCI bus id, so NVML's enumeration order decides nothing.
+Not its UUID, which CUDA and torch accept: SGLang's custom all-reduce (an
+engine with tp_size > 1) reads ``CUDA_VISIBLE_DEVICES`` as integers. Finding
+the GPUs needs NVIDIA's driver, not CUDA or torch.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+
 import pynvml
 
+from elastic_rl import jobenv
 from elastic_rl.errors import InputError
 
+log = logging.getLogger("erld.gpus")
 
-def gpu_slots(request: str) -> int:
-    """The number of GPU slots ``--gpus REQUEST`` gives this node."""
-    return slots_for(request, nvml_gpu_count())
+
+@dataclass(frozen=True)
+class Gpu:
+    uuid: str
+    pci: tuple[int, int, int]
+    """PCI domain, bus and device: CUDA_DEVICE_ORDER=PCI_BUS_ID numbers the GPUs in this order."""
+
+
+def node_gpus(request: str, nvml: ModuleType = pynvml, environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """What ``CUDA_VISIBLE_DEVICES`` names the GPU of each slot ``--gpus REQUEST`` gives this node by,
+    slot i's at i: its CUDA index in PCI bus order."""
+    cuda_order = [gpu.uuid for gpu in sorted(nvml_gpus(nvml), key=lambda gpu: gpu.pci)]
+    inherited = environ.get(jobenv.CUDA_VISIBLE_DEVICES)
+    usable = allowed_gpus(cuda_order, inherited)
+    numbered = inherited is not None and any(entry.strip().isdigit() for entry in inherited.split(","))
+    if numbered and environ.get(jobenv.CUDA_DEVICE_ORDER) != "PCI_BUS_ID":
+        log.warning("CUDA_VISIBLE_DEVICES numbers GPUs: erld reads the numbers in PCI bus order, which CUDA "
+                    "uses only with CUDA_DEVICE_ORDER=PCI_BUS_ID; give UUIDs to be sure")  # fmt: skip
+    offered = usable[: slots_for(request, len(usable))]
+    for slot, uuid in enumerate(offered):
+        log.info("slot %d: GPU %s (CUDA device %d in PCI bus order)", slot, uuid, cuda_order.index(uuid))
+    return tuple(str(cuda_order.index(uuid)) for uuid in offered)
 
 
 def slots_for(request: str, found: int) -> int:
@@ -31,19 +67,56 @@ def slots_for(request: str, found: int) -> int:
     if wanted < 1:
         raise InputError(f"--gpus {wanted}: give at least 1 GPU, or `all`")
     if wanted > found:
-        raise InputError(f"--gpus {wanted}: this node has {found} GPU(s) (NVML); ask for at most {found}, or `all`")
+        raise InputError(f"--gpus {wanted}: this node has {found} GPU(s) erld may use; ask for at most {found}, or `all`")
     return wanted
 
 
-def nvml_gpu_count() -> int:
+def allowed_gpus(uuids: list[str], inherited: str | None) -> list[str]:
+    """The GPUs of ``uuids`` (in PCI bus order) that an inherited ``CUDA_VISIBLE_DEVICES`` leaves erld,
+    in the order it lists them: each entry an index into ``uuids`` or a GPU's UUID (or a unique start
+    of one, as CUDA accepts). Unset: all of them."""
+    if inherited is None:
+        return list(uuids)
+    chosen: list[str] = []
+    for entry in (part.strip() for part in inherited.split(",")):
+        if not entry:
+            continue
+        if entry.isdigit():
+            if int(entry) >= len(uuids):
+                raise InputError(f"CUDA_VISIBLE_DEVICES={inherited}: NVML sees {len(uuids)} GPU(s), no GPU {entry}")
+            uuid = uuids[int(entry)]
+        else:
+            matches = [uuid for uuid in uuids if uuid.startswith(entry)]
+            if len(matches) != 1:
+                found = "no GPU" if not matches else f"{len(matches)} GPUs"
+                raise InputError(
+                    f"CUDA_VISIBLE_DEVICES={inherited}: {entry!r} names {found} NVML sees; give GPU indices or "
+                    "UUIDs (`nvidia-smi -L`); a MIG instance cannot be a slot, which is a whole GPU"
+                )  # fmt: skip
+            uuid = matches[0]
+        if uuid not in chosen:
+            chosen.append(uuid)
+    if not chosen:
+        raise InputError(f"CUDA_VISIBLE_DEVICES={inherited!r} in erld's environment leaves it no GPU")
+    return chosen
+
+
+def nvml_gpus(nvml: ModuleType = pynvml) -> list[Gpu]:
+    """Every GPU NVML sees, with its UUID and PCI address."""
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
         raise InputError(
-            f"--gpus: NVML cannot count this node's GPUs ({exc}); is NVIDIA's driver installed? "
+            f"--gpus: NVML cannot list this node's GPUs ({exc}); is NVIDIA's driver installed? "
             "On a CPU node use --cpu-devices N"
         ) from None
     try:
-        return pynvml.nvmlDeviceGetCount()
+        gpus = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+            pci = nvml.nvmlDeviceGetPciInfo(handle)
+            gpus.append(Gpu(uuid.decode() if isinstance(uuid, bytes) else uuid, (pci.domain, pci.bus, pci.device)))
+        return gpus
     finally:
-        pynvml.nvmlShutdown()
+        nvml.nvmlShutdown()

@@ -16,6 +16,7 @@ from the advertise host of the node its server runs on.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 from checkpoints import layout
 from elastic_rl import jobenv
 from elastic_rl.config import JobSpec
-from elastic_rl.engines.launcher import engine_command
+from elastic_rl.engines.launcher import engine_command, engine_env
 from elastic_rl.engines.router import router_command
 from elastic_rl.net import url
 from elastic_rl.store.devices import assignment_slots
@@ -109,7 +110,9 @@ def process_env(
     advertise_host: str,
     spec: JobSpec,
     node_kind: DeviceKind,
+    gpu_ids: Sequence[str] = (),
 ) -> dict[str, str]:
+    """``gpu_ids``: on a GPU node, its GPUs' CUDA indices, slot i's at i (``daemon.gpus``)."""
     env = {
         **base,
         jobenv.PROC: proc.name,
@@ -125,7 +128,9 @@ def process_env(
     device = process_device(node_kind, assignment_slots(assignment), uses_gpu)
     ft = spec.fault_tolerance
     nccl = nccl_settings(ft.quorum_timeout_s, ft.collective_timeout_s) if trainer else None
-    env.update(device_env(device, nccl))
+    env.update(device_env(device, gpu_ids, nccl))
+    if proc.role is Role.ENGINE:
+        env.update(engine_env(spec.engines))
     if trainer:
         identity = jobenv.REPLICA if proc.role is Role.TRAINER else jobenv.SPARE
         env.update({
@@ -138,11 +143,16 @@ def process_env(
     return env
 
 
-def device_env(device: ProcessDevice, nccl: NcclSettings | None = None) -> dict[str, str]:
+def device_env(device: ProcessDevice, gpu_ids: Sequence[str] = (), nccl: NcclSettings | None = None) -> dict[str, str]:
     """The environment that carries the device rule's decision into a process (and to CUDA, torch
-    and NCCL): the GPUs it sees, in NVML's order; on CUDA, cuBLAS's deterministic workspace and, for
-    a trainer under torchft, NCCL's timeouts."""
-    env = {jobenv.DEVICE_KIND: device.kind.value, jobenv.CUDA_VISIBLE_DEVICES: device.visible_devices}
+    and NCCL): its slots, and the GPUs it sees (``gpu_ids``: the node's CUDA indices in PCI bus
+    order, slot i's at i); on CUDA, cuBLAS's deterministic workspace and, for a trainer under
+    torchft, NCCL's timeouts."""
+    env = {
+        jobenv.DEVICE_KIND: device.kind.value,
+        jobenv.SLOTS: ",".join(str(slot) for slot in device.slots),
+        jobenv.CUDA_VISIBLE_DEVICES: device.visible_devices(gpu_ids),
+    }
     if device.kind is not DeviceKind.CUDA:
         return env
     env.update({jobenv.CUDA_DEVICE_ORDER: "PCI_BUS_ID", jobenv.CUBLAS_WORKSPACE_CONFIG: ":4096:8"})

@@ -306,16 +306,17 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     import socket
 
     from daemon.erld import NodeConfig, serve
-    from daemon.gpus import gpu_slots
+    from daemon.gpus import node_gpus
     from policies.devices import DeviceKind
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    kind, devices = (DeviceKind.CUDA, gpu_slots(args.gpus)) if args.gpus else (DeviceKind.CPU, args.cpu_devices)
+    gpu_ids = node_gpus(args.gpus) if args.gpus else ()
     config = NodeConfig(
         name=args.node or socket.gethostname(),
         advertise_host=args.advertise_host,
-        devices=devices,
-        device_kind=kind,
+        devices=len(gpu_ids) if args.gpus else args.cpu_devices,
+        device_kind=DeviceKind.CUDA if args.gpus else DeviceKind.CPU,
+        gpu_ids=gpu_ids,
         lease_ttl_s=args.lease_ttl,
         device_cooldown_s=args.device_cooldown,
         metrics_port=args.metrics_port,
@@ -632,7 +633,8 @@ def build_parser() -> argparse.ArgumentParser:
     slots.add_argument("--cpu-devices", type=int, default=4, help="device slots this node offers (CPU nodes)")
     slots.add_argument(
         "--gpus", metavar="all|N",
-        help="offer this node's GPUs as its device slots: all of them, or the first N (found through NVML)",
+        help="offer this node's GPUs as its device slots: all of them, or the first N (found through NVML; "
+        "only those an inherited CUDA_VISIBLE_DEVICES lists)",
     )  # fmt: skip
     daemon.add_argument("--state-dir", type=Path, default=DAEMON_STATE_DIR, help="embedded etcd data and erld state")
     daemon.add_argument("--node", help="node name, one erld per name (default: the hostname)")

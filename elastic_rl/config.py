@@ -371,7 +371,11 @@ class RolloutSpec(Component):
 
 
 CPU_ENGINE_STARTUP_S = 300.0
-SGLANG_ENGINE_STARTUP_S = 1800.0
+SGLANG_DEFAULTS = {"startup_timeout_s": 1800.0, "health_timeout_s": 10.0, "health_failure_threshold": 30}
+"""What kind sglang changes of the engines' defaults: SGLang loads weights, captures CUDA graphs and
+warms up before /health first answers, and its health generations wait while it loads new weights
+(its /health, started without generation, still answers then): 30 failed generations of 10 s give a
+weight load about 300 s, as long as a distributed weight sync may take."""
 
 
 class EnginesSpec(Component):
@@ -401,10 +405,12 @@ class EnginesSpec(Component):
     """Interval between /health_generate checks."""
     health_timeout_s: PositiveFloat = 3.0
     """Timeout of one health check; an engine that answers nothing within it (hung, e.g.
-    SIGSTOPped) is unhealthy at once."""
+    SIGSTOPped) is unhealthy at once. Default 3 s for cpu engines, 10 s for sglang."""
     health_failure_threshold: PositiveInt = 3
     """Consecutive failed or late health generations, while the server still answers, that make
-    an engine unhealthy (a busy engine's health generation queues behind real requests)."""
+    an engine unhealthy (a busy engine's health generation queues behind real requests, and an
+    engine's waits while it loads weights). Default 3 for cpu engines; 30 for sglang, so an
+    engine loading weights for up to about 30 x health_timeout_s (300 s) is not replaced."""
     weight_sync: Literal["disk", "distributed"] = "disk"
     """How engines get each new weight version. disk: they load weights/<version>, which the
     trainer writes. distributed (SGLang engines in sync mode): first the trainer's rank 0 broadcasts
@@ -417,9 +423,9 @@ class EnginesSpec(Component):
 
     @model_validator(mode="before")
     @classmethod
-    def _startup_wait_of_the_kind(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("kind") == "sglang" and "startup_timeout_s" not in data:
-            return {**data, "startup_timeout_s": SGLANG_ENGINE_STARTUP_S}
+    def _defaults_of_the_kind(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "sglang":
+            return {**SGLANG_DEFAULTS, **data}
         return data
 
     @model_validator(mode="after")

@@ -33,3 +33,8 @@ class EngineRejected(EngineError):
 
 class GaveUp(ElasticRLError):
     """A failure budget of the rollout side ran out: the job fails, with this as its reason."""
+
+
+class WrongDevice(ElasticRLError):
+    """A process was given a device it cannot compute on here (a GPU slot, and a torch built without
+    CUDA): a restart on the same slot fails the same way."""

@@ -19,12 +19,11 @@ import sys
 from elastic_rl import jobenv
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
+from policies.exits import EXIT_SUPERSEDED
 
 log = logging.getLogger("elastic_rl.fencing")
 
 RETRY_S = 1.0
-EXIT_SUPERSEDED = 77
-"""A process that found its assignment taken by a newer instance."""
 
 
 class Assignment:

@@ -38,6 +38,9 @@ ADVERTISE_HOST = "ERL_ADVERTISE_HOST"
 """The address of the process's node that its servers bind and peers reach."""
 DEVICE_KIND = "ERL_DEVICE_KIND"
 """cpu or cuda: what the process computes on (``policies.devices``); unset means cpu."""
+SLOTS = "ERL_SLOTS"
+"""The node's device slots the process holds (``4,5``), numbered as erld and its users number them;
+on CUDA, ``CUDA_VISIBLE_DEVICES`` names the same GPUs as CUDA numbers them, which may differ."""
 
 # Set by erld from the device rule, read by CUDA, torch and NCCL themselves.
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -46,6 +49,9 @@ CUBLAS_WORKSPACE_CONFIG = "CUBLAS_WORKSPACE_CONFIG"
 NCCL_HEARTBEAT_TIMEOUT = "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"
 NCCL_RETHROW_CUDA_ERRORS = "TORCH_NCCL_RETHROW_CUDA_ERRORS"
 NCCL_NONBLOCKING_TIMEOUT = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
+SGLANG_HEALTH_GENERATION = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
+"""Off in an SGLang engine's environment (``engines.launcher.engine_env``): its /health then only
+says that the server answers, while /health_generate, which erld asks too, runs a generation."""
 
 def spec_hash(spec: JobSpec) -> str:
     """A short hash of the resolved spec, recorded in every snapshot."""

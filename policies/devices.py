@@ -9,8 +9,8 @@ starts a process (``daemon.plan``), and inside the process the trainer, its
 torchft Manager, the model builder and the collectives (``elastic_rl.device``).
 
 - A process on CUDA slots that computes on a GPU (a trainer rank, an SGLang
-  engine) sees exactly its slots (``CUDA_VISIBLE_DEVICES``, in PCI bus order,
-  so slot i is NVML's GPU i, as ``erl daemon --gpus`` counted them) and
+  engine) sees exactly its slots (``CUDA_VISIBLE_DEVICES``: the CUDA indices,
+  in PCI bus order, of the GPUs ``erl daemon --gpus`` gave those slots) and
   computes on its first visible GPU, ``cuda:0``; its groups use NCCL.
 - Every other process (one on a CPU slot, one with no slot, a cpu engine)
   sees no GPU at all and uses gloo, with megatron's CPU shim.
@@ -33,6 +33,7 @@ torchft Manager, the model builder and the collectives (``elastic_rl.device``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -81,10 +82,10 @@ class ProcessDevice:
     def backend(self) -> Backend:
         return Backend.NCCL if self.kind is DeviceKind.CUDA else Backend.GLOO
 
-    @property
-    def visible_devices(self) -> str:
-        """``CUDA_VISIBLE_DEVICES``: the process's GPUs, or none."""
-        return ",".join(str(slot) for slot in self.slots) if self.kind is DeviceKind.CUDA else ""
+    def visible_devices(self, gpu_ids: Sequence[str]) -> str:
+        """``CUDA_VISIBLE_DEVICES``: the process's GPUs, or none. ``gpu_ids``: what CUDA names the node's
+        GPUs by, slot i's at i."""
+        return ",".join(gpu_ids[slot] for slot in self.slots) if self.kind is DeviceKind.CUDA else ""
 
 
 def process_device(node_kind: DeviceKind, slots: tuple[int, ...], uses_gpu: bool) -> ProcessDevice:

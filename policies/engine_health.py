@@ -10,7 +10,7 @@ whether the server answers at all (``/health``), each within the timeout.
 - The server answers but the generation failed or was late: an overloaded or
   wedged generator. This counts as a failure; ``failure_threshold`` in a row
   make the engine unhealthy, since a busy engine's health generation can queue
-  behind real requests.
+  behind real requests, and an engine's waits while it loads new weights.
 
 (A process that has exited needs no verdict: erld replaces it at once.)
 """

@@ -5,7 +5,7 @@ Pure: the facts of one exit in, an action out. The rows:
 | who | exit | action |
 |---|---|---|
 | orchestrator | any, with every rollout trained | the job succeeded |
-| orchestrator | gave up (77) | fail the job, with the reason it reported |
+| orchestrator, trainer or spare | gave up (77) | fail the job, with the reason it reported |
 | trainer or spare | 0 | done: nothing to do (the orchestrator settles the job) |
 | trainer | rollback (75) | restart at once, from the newest snapshot |
 | trainer | device quarantined (76) | mark the device failed; the replica moves (a warm spare, or free devices) |
@@ -28,7 +28,14 @@ EXIT_ROLLBACK = 75
 EXIT_DEVICE_QUARANTINED = 76
 """This replica's device produced non-finite values: mark it failed, move the replica."""
 EXIT_GAVE_UP = 77
-"""The orchestrator's failure budget ran out (e.g. too much unscorable data): restarting cannot help."""
+"""Restarting cannot help: the orchestrator's failure budget ran out (e.g. too much unscorable data),
+or a trainer cannot run where it was placed (a GPU slot and a torch without CUDA, say)."""
+EXIT_SUPERSEDED = 78
+"""A process found its assignment taken by a newer instance (``elastic_rl.fencing``): a crash like any
+other here. It was 77 too, so an orchestrator superseded failed the job as if it had given up."""
+EXIT_SYNC_HUNG = 74
+"""A trainer's weight sync hung past its abort, and the trainer ended itself: a crash like any other
+(the last row), named so that no other code takes its number."""
 
 
 class ExitAction(Enum):
@@ -69,7 +76,7 @@ class ExitDecision:
 def decide_exit(facts: ExitFacts, policy: RestartPolicy) -> ExitDecision:
     if facts.role == "orchestrator" and facts.job_finished:
         return ExitDecision(ExitAction.SUCCEED_JOB, reason="every rollout trained")
-    if facts.role == "orchestrator" and facts.exit_code == EXIT_GAVE_UP:
+    if facts.role in ("orchestrator", "trainer", "spare") and facts.exit_code == EXIT_GAVE_UP:
         return ExitDecision(ExitAction.FAIL_JOB, reason=f"gave up: {facts.given_up or 'see its log'}")
     if facts.role in ("trainer", "spare") and facts.exit_code == 0:
         return ExitDecision(ExitAction.DONE)

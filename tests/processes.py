@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from daemon.gpus import node_gpus
 from daemon.plan import device_env
 from elastic_rl.config import EnginesSpec
 from elastic_rl.engines.client import EngineClient
@@ -99,7 +100,7 @@ def run_module_ranks(module: str, tp: int, *args, gpus: bool = False) -> None:
         device = ProcessDevice(DeviceKind.CUDA, (rank,)) if gpus else ProcessDevice(DeviceKind.CPU)
         env = {
             **os.environ,
-            **device_env(device),
+            **device_env(device, node_gpus("all") if gpus else ()),
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
             "WORLD_SIZE": str(tp),

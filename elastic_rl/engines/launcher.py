@@ -6,16 +6,19 @@
 pass through untouched, for fp8, DeepEP, speculative decoding and the like).
 An engine's GPUs are not on its command line: erld starts it seeing exactly
 its slots (``CUDA_VISIBLE_DEVICES``, ``daemon.plan``), so SGLang's GPUs 0 to
-tp_size - 1 are its own. ``start_engine`` runs it as a child process.
+tp_size - 1 are its own. ``engine_env`` is what the kind adds to the engine's
+environment. ``start_engine`` runs it as a child process.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import IO
 
+from elastic_rl import jobenv
 from elastic_rl.config import EnginesSpec
 
 
@@ -53,6 +56,15 @@ def engine_command(
     return command + list(spec.extra_args)
 
 
+def engine_env(spec: EnginesSpec) -> dict[str, str]:
+    """SGLang's /health runs a generation unless told not to, and both it and /health_generate wait
+    while the engine loads weights: erld would take a healthy engine, loading, for a hung one
+    (``policies.engine_health``). Without that generation, /health says only that the server
+    answers, and a load counts as late generations, which ``engines.health_failure_threshold``
+    allows for."""
+    return {jobenv.SGLANG_HEALTH_GENERATION: "0"} if spec.kind == "sglang" else {}
+
+
 def start_engine(
     spec: EnginesSpec,
     model_path: Path,
@@ -63,12 +75,12 @@ def start_engine(
     deterministic: bool = False,
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
-    """Start an engine process (in ``env``, else this process's environment); wait for it with
-    ``EngineClient.wait_healthy(spec.startup_timeout_s, process)``."""
+    """Start an engine process (in ``env``, else this process's environment, plus ``engine_env``);
+    wait for it with ``EngineClient.wait_healthy(spec.startup_timeout_s, process)``."""
     return subprocess.Popen(
         engine_command(spec, model_path, port, host, weight_version, deterministic),
         stdout=log_file,
         stderr=subprocess.STDOUT if log_file is not None else None,
-        env=env,
+        env={**(os.environ if env is None else env), **engine_env(spec)},
     )
 

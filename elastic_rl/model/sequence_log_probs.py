@@ -18,7 +18,8 @@ def sequence_log_probs(
     """(log p, entropy) of each token given its prefix, aligned to ``tokens`` (position 0 is 0), in
     fp32 on the model's device, whatever precision the forward pass ran in."""
     tokens = tokens.to(model_device(model))
-    logits = forward_gpt(model, tokens[:, :-1])
+    # fp32 before the temperature: a bf16 quotient would be rounded to bf16's 8 bits of mantissa.
+    logits = forward_gpt(model, tokens[:, :-1]).float()
     if temperature > 0:
         logits = logits / temperature
     logp = token_log_probs(logits, tokens[:, 1:])

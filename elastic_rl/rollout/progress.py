@@ -1,4 +1,5 @@
-"""The orchestrator's reports: the job's progress key in etcd, and its events.
+"""The orchestrator's reports: the job's progress key in etcd, and its events (a trainer that gives up
+reports through it too).
 
 Outside erld (no etcd endpoint) progress goes nowhere and events only to the log.
 """
@@ -36,11 +37,11 @@ class ProgressReporter:
         async with Store(endpoint) as store:
             yield cls(job, store, workdir)
 
-    async def event(self, kind: str, message: str, **fields: Any) -> None:
+    async def event(self, kind: str, message: str, proc: str = "orchestrator", **fields: Any) -> None:
         if self.events is None:
             log.info("%s: %s", kind, message)
             return
-        await self.events.emit(kind, message, proc="orchestrator", **fields)
+        await self.events.emit(kind, message, proc=proc, **fields)
 
     async def report(self, rollout_id: int, metrics: dict[str, Any]) -> None:
         if self.store is None:
@@ -57,9 +58,10 @@ class ProgressReporter:
             },
         )
 
-    async def give_up(self, reason: str) -> None:
-        """A failure budget ran out: say why, for erld to fail the job with it."""
-        await self.event("orchestrator_gave_up", reason)
+    async def give_up(self, reason: str, proc: str = "orchestrator", kind: str = "orchestrator_gave_up") -> None:
+        """A failure budget ran out, or a process cannot run where it was placed: say why, for erld to
+        fail the job with it (the process then exits ``EXIT_GAVE_UP``)."""
+        await self.event(kind, reason, proc=proc)
         if self.store is None:
             return
         progress = await self.store.get(keys.job_progress(self.job)) or {}

@@ -319,7 +319,7 @@ class TrainerReplica:
             return position, peer if peer and peer["rollout_id"] == rollout_id else None
         if self.snapshot is not None:
             load_started = time.monotonic()
-            step, last_rollout = load_snapshot(self.state, self.snapshot.path)
+            step, last_rollout = load_snapshot(self.state, self.snapshot.path, self.snapshots.group)
             self.load_s = time.monotonic() - load_started
             self.snapshot = None
             log.info("resumed from snapshot: step %d, last rollout %d", step, last_rollout)

@@ -15,7 +15,10 @@ Nothing depends on it succeeding: the version is then written to disk as
 always, and the orchestrator loads it from there into any engine that does
 not already serve it. A sync not done within ``engines.weight_sync_timeout_s``
 is aborted by a watchdog, which aborts the trainer's communicator; an engine
-left waiting in its own is found by its health checks and replaced. The
+left waiting in its own is found by its health checks and replaced. An abort
+cannot free a hang while NCCL is still making the communicator (it is made
+lazily, in the first broadcast): a sync still not over ``ABORT_GRACE_S`` after
+the abort ends the trainer (``EXIT_SYNC_HUNG``), and erld restarts it. The
 trainer's side of the group is made by SGLang's own ``init_custom_process_group``,
 so both sides name the group's store keys alike.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,12 +41,15 @@ from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.net import free_port
+from policies.exits import EXIT_SYNC_HUNG
 
 log = logging.getLogger("elastic_rl.trainer")
 
 BUCKET_BYTES = 1 << 30
 """Most bytes broadcast per request: an engine holds one bucket at a time besides its weights."""
 DISSOLVE_TIMEOUT_S = 10.0
+ABORT_GRACE_S = 60.0
+"""How long an aborted sync may take to end (the group's dissolving included) before the trainer exits."""
 
 
 @dataclass(frozen=True)
@@ -77,19 +84,27 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 class Watchdog:
-    """Calls ``on_expiry`` from another thread if the ``with`` block has not ended within ``timeout_s``."""
+    """Calls ``on_expiry`` (on a thread of its own) if the ``with`` block has not ended within
+    ``timeout_s``; if the block has not ended ``grace_s`` after that either, logs why and calls
+    ``exit(EXIT_SYNC_HUNG)``: the last resort, for a hang that ``on_expiry`` did not end."""
 
-    def __init__(self, timeout_s: float, on_expiry: Callable[[], None]):
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float, on_expiry: Callable[[], None], grace_s: float = ABORT_GRACE_S,
+                 exit: Callable[[int], None] = os._exit):  # fmt: skip
+        self.timeout_s, self.grace_s = timeout_s, grace_s
         self.expired = threading.Event()
-        self._on_expiry = on_expiry
+        self._ended = threading.Event()
+        self._on_expiry, self._exit = on_expiry, exit
         self._timer = threading.Timer(timeout_s, self._expire)
         self._timer.daemon = True
         self._deadline = 0.0
 
     def _expire(self) -> None:
         self.expired.set()
-        self._on_expiry()
+        threading.Thread(target=self._on_expiry, name="weight-sync-abort", daemon=True).start()
+        if not self._ended.wait(self.grace_s):
+            log.critical("the weight sync is still hung %.0f s after its abort: exiting %d for erld to restart "
+                         "this trainer", self.grace_s, EXIT_SYNC_HUNG)  # fmt: skip
+            self._exit(EXIT_SYNC_HUNG)
 
     def remaining(self) -> float:
         return max(0.0, self._deadline - time.monotonic())
@@ -100,6 +115,7 @@ class Watchdog:
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self._ended.set()
         self._timer.cancel()
 
 

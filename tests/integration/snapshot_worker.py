@@ -84,7 +84,7 @@ def main() -> None:
     else:
         info = newest_valid_snapshot(workdir)
         assert (info.step, info.last_rollout) == (3, 7), info
-        assert load_snapshot(state, info.path) == (3, 7)
+        assert load_snapshot(state, info.path, torch.distributed.new_group(backend="gloo")) == (3, 7)
         snapshot_weights = full_state_dict(model)
         assert scheduler.last_epoch == 3
         for _ in range(2):

@@ -274,6 +274,15 @@ def test_an_sglang_engine_takes_its_tensor_parallel_slots_and_waits_long_for_its
     assert validate_spec({"name": "j"}).engines.startup_timeout_s == 300.0
 
 
+def test_an_sglang_engine_has_time_to_load_weights_before_erld_replaces_it(sglang_installed):
+    engines = validate_spec({"name": "j", "engines": {"kind": "sglang"}}).engines
+    assert engines.health_timeout_s * engines.health_failure_threshold >= engines.weight_sync_timeout_s
+    given = validate_spec({"name": "j", "engines": {"kind": "sglang", "health_failure_threshold": 5}}).engines
+    assert given.health_failure_threshold == 5 and given.health_timeout_s == 10.0
+    cpu = validate_spec({"name": "j"}).engines
+    assert (cpu.health_timeout_s, cpu.health_failure_threshold) == (3.0, 3)
+
+
 def test_torchft_group_on_gpu_and_the_model_parallel_timeout():
     spec = validate_spec({"name": "j"})
     assert spec.fault_tolerance.gpu_process_group == "nccl" and spec.fault_tolerance.model_parallel_timeout_s == 300.0

@@ -21,8 +21,13 @@ ENDPOINTS = Endpoints(router="http://10.0.0.1:1", lighthouse="http://10.0.0.1:2"
 NODES = {"gpu-a": {"advertise_host": "10.0.0.2"}}
 
 
+GPU_IDS = tuple(str(7 - slot) for slot in range(8))
+"""The node's GPUs as CUDA numbers them, slot i's at i (here in the reverse order)."""
+
+
 def env_of(name: str, assignment: dict, spec, kind: DeviceKind) -> dict[str, str]:
-    return process_env(proc_spec(name), {"generation": 1, **assignment}, ENDPOINTS, {}, "10.0.0.2", spec, kind)
+    assignment = {"generation": 1, **assignment}
+    return process_env(proc_spec(name), assignment, ENDPOINTS, {}, "10.0.0.2", spec, kind, GPU_IDS)
 
 
 @pytest.fixture
@@ -58,7 +63,7 @@ def test_an_engine_assignment_holds_every_slot_of_its_group(sglang_job):
 def test_a_trainer_on_a_gpu_node_sees_its_gpu_and_gets_nccl_hygiene():
     spec = validate_spec({"name": "j", "fault_tolerance": {"quorum_timeout_s": 40, "collective_timeout_s": 20}})
     env = env_of("trainer-0-1", {"device": 6}, spec, DeviceKind.CUDA)
-    assert env[jobenv.DEVICE_KIND] == "cuda" and env[jobenv.CUDA_VISIBLE_DEVICES] == "6"
+    assert env[jobenv.DEVICE_KIND] == "cuda" and env[jobenv.CUDA_VISIBLE_DEVICES] == "1" and env[jobenv.SLOTS] == "6"
     assert env[jobenv.CUDA_DEVICE_ORDER] == "PCI_BUS_ID" and env[jobenv.CUBLAS_WORKSPACE_CONFIG] == ":4096:8"
     assert env[jobenv.NCCL_HEARTBEAT_TIMEOUT] == "20"  # below the 40 s quorum timeout
     assert env[jobenv.NCCL_RETHROW_CUDA_ERRORS] == "0"
@@ -68,8 +73,10 @@ def test_a_trainer_on_a_gpu_node_sees_its_gpu_and_gets_nccl_hygiene():
 
 def test_an_sglang_engine_sees_all_its_gpus_without_trainer_nccl_settings(sglang_job):
     env = env_of("engine-0", {"device": 2, "devices": [2, 3], "port": 30000}, sglang_job, DeviceKind.CUDA)
-    assert env[jobenv.DEVICE_KIND] == "cuda" and env[jobenv.CUDA_VISIBLE_DEVICES] == "2,3"
+    assert env[jobenv.DEVICE_KIND] == "cuda" and env[jobenv.CUDA_VISIBLE_DEVICES] == "5,4"
+    assert env[jobenv.SLOTS] == "2,3"
     assert jobenv.NCCL_HEARTBEAT_TIMEOUT not in env
+    assert env[jobenv.SGLANG_HEALTH_GENERATION] == "0"  # /health answers while weights load
 
 
 def test_a_cpu_node_and_a_cpu_engine_see_no_gpu():
@@ -82,6 +89,7 @@ def test_a_cpu_node_and_a_cpu_engine_see_no_gpu():
         env = env_of(name, assignment, spec, kind)
         assert env[jobenv.DEVICE_KIND] == "cpu" and env[jobenv.CUDA_VISIBLE_DEVICES] == "", name
         assert jobenv.NCCL_HEARTBEAT_TIMEOUT not in env and jobenv.CUBLAS_WORKSPACE_CONFIG not in env
+        assert jobenv.SGLANG_HEALTH_GENERATION not in env
 
 
 def test_gpus_all_or_a_count_of_the_gpus_nvml_found():

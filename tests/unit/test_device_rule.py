@@ -20,32 +20,35 @@ from policies.placement import Group, GroupKind, place_groups
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
+GPU_IDS = ("5", "4", "3", "2", "1", "0")
+"""A node's GPUs as CUDA numbers them, slot i's at i (here in the reverse order)."""
+
 
 def test_a_trainer_rank_on_a_cuda_slot_sees_that_gpu_alone_and_uses_nccl():
     device = process_device(DeviceKind.CUDA, (3,), uses_gpu=True)
     assert device == ProcessDevice(DeviceKind.CUDA, (3,))
     assert device.torch_device == "cuda:0"
-    assert device.visible_devices == "3"
+    assert device.visible_devices(GPU_IDS) == "2"
     assert device.backend is Backend.NCCL
 
 
 def test_an_engine_with_several_cuda_slots_sees_all_of_them():
     device = process_device(DeviceKind.CUDA, (4, 5), uses_gpu=True)
-    assert device.visible_devices == "4,5" and device.torch_device == "cuda:0"
+    assert device.visible_devices(GPU_IDS) == "1,0" and device.torch_device == "cuda:0"
 
 
 def test_a_cpu_slot_means_gloo_and_no_gpu():
     device = process_device(DeviceKind.CPU, (3,), uses_gpu=True)
     assert device.kind is DeviceKind.CPU
     assert device.torch_device == "cpu"
-    assert device.visible_devices == ""  # a CPU slot never touches a GPU, even on a GPU machine
+    assert device.visible_devices(GPU_IDS) == ""  # a CPU slot never touches a GPU, even on a GPU machine
     assert device.backend is Backend.GLOO
 
 
 @pytest.mark.parametrize("slots, uses_gpu", [((), True), ((2,), False)])
 def test_services_and_cpu_engines_stay_on_the_cpu_of_a_gpu_node(slots, uses_gpu):
     device = process_device(DeviceKind.CUDA, slots, uses_gpu)
-    assert device.kind is DeviceKind.CPU and device.visible_devices == "" and device.backend is Backend.GLOO
+    assert device.kind is DeviceKind.CPU and device.visible_devices(GPU_IDS) == "" and device.backend is Backend.GLOO
 
 
 def test_torchft_uses_gloo_on_cpu_and_the_chosen_nccl_group_on_cuda():

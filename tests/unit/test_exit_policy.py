@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from policies.exits import EXIT_DEVICE_QUARANTINED, EXIT_ROLLBACK, ExitAction, ExitFacts, decide_exit
+from policies.exits import (
+    EXIT_DEVICE_QUARANTINED,
+    EXIT_GAVE_UP,
+    EXIT_ROLLBACK,
+    EXIT_SUPERSEDED,
+    EXIT_SYNC_HUNG,
+    ExitAction,
+    ExitFacts,
+    decide_exit,
+)
 from policies.restart import RestartPolicy
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -12,8 +21,8 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 POLICY = RestartPolicy(max_restarts=2, window_s=60, base_delay_s=0.5, max_delay_s=4)
 
 
-def decide(role: str, code: int | None, finished=False, idle_spare=False, restarts=()):
-    return decide_exit(ExitFacts(role, code, finished, idle_spare, tuple(restarts), now=100.0), POLICY)
+def decide(role: str, code: int | None, finished=False, idle_spare=False, restarts=(), given_up=""):
+    return decide_exit(ExitFacts(role, code, finished, idle_spare, tuple(restarts), now=100.0, given_up=given_up), POLICY)
 
 
 def test_the_orchestrator_ending_after_the_last_rollout_settles_the_job():
@@ -33,6 +42,24 @@ def test_a_trainer_done_is_done(role):
 def test_a_rollback_restarts_at_once_without_the_backoff():
     decision = decide("trainer", EXIT_ROLLBACK, restarts=[99.0])
     assert decision.action is ExitAction.RESTART and decision.rollback and decision.delay_s == 0.0
+
+
+@pytest.mark.parametrize("role", ["orchestrator", "trainer", "spare"])
+def test_a_process_that_gave_up_fails_the_job_with_its_reason(role):
+    decision = decide(role, EXIT_GAVE_UP, idle_spare=True, given_up="trainer.dtype bf16 needs a GPU slot")
+    assert decision.action is ExitAction.FAIL_JOB
+    assert decision.reason == "gave up: trainer.dtype bf16 needs a GPU slot"
+    assert decide(role, EXIT_GAVE_UP).reason == "gave up: see its log"
+
+
+@pytest.mark.parametrize("role", ["orchestrator", "trainer"])
+def test_a_superseded_process_is_not_one_that_gave_up(role):
+    assert decide(role, EXIT_SUPERSEDED).action is ExitAction.RESTART
+
+
+def test_a_trainer_that_ended_a_hung_weight_sync_restarts_like_after_a_crash():
+    decision = decide("trainer", EXIT_SYNC_HUNG)
+    assert decision.action is ExitAction.RESTART and not decision.rollback and decision.delay_s == 0.5
 
 
 def test_a_quarantined_device_moves_the_replica_and_marks_the_device():

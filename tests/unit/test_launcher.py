@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from elastic_rl.config import EnginesSpec
-from elastic_rl.engines.launcher import engine_command
+from elastic_rl import jobenv
+from elastic_rl.engines.launcher import engine_command, engine_env
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -38,3 +39,9 @@ def test_sglang_command_passes_extra_args_through():
     assert "--base-gpu-id" not in command  # its GPUs come from CUDA_VISIBLE_DEVICES
     assert "--enable-deterministic-inference" in command
     assert command[-4:] == ["--quantization", "fp8", "--speculative-algorithm", "EAGLE"]
+
+
+def test_an_sglang_engine_health_is_liveness_only():
+    # SGLang's /health would otherwise run a generation, which waits while the engine loads weights.
+    assert engine_env(EnginesSpec.model_construct(kind="sglang")) == {jobenv.SGLANG_HEALTH_GENERATION: "0"}
+    assert engine_env(EnginesSpec(kind="cpu")) == {}

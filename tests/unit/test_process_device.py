@@ -8,6 +8,7 @@ import torch
 
 from elastic_rl import device, jobenv
 from elastic_rl.config import ModelSpec
+from elastic_rl.errors import WrongDevice
 from elastic_rl.model.architecture import from_toy_spec
 from elastic_rl.model.gpt import transformer_config
 from policies.devices import DeviceKind, Precision, ProcessDevice
@@ -24,13 +25,14 @@ def test_a_process_erld_did_not_start_is_a_cpu_process(monkeypatch):
 
 def test_a_gpu_process_reads_its_slots_back(monkeypatch):
     monkeypatch.setenv(jobenv.DEVICE_KIND, "cuda")
-    monkeypatch.setenv(jobenv.CUDA_VISIBLE_DEVICES, "4,5")
+    monkeypatch.setenv(jobenv.SLOTS, "4,5")
+    monkeypatch.setenv(jobenv.CUDA_VISIBLE_DEVICES, "GPU-1234,GPU-5678")  # the same GPUs, by UUID
     assert device.assigned() == ProcessDevice(DeviceKind.CUDA, (4, 5))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is missing")
-def test_a_gpu_slot_without_cuda_says_what_is_missing():
-    with pytest.raises(RuntimeError, match=r"GPU slot\(s\) \[3\].*no CUDA device"):
+@pytest.mark.skipif(torch.version.cuda is not None, reason="checks the error of a torch built without CUDA")
+def test_a_gpu_slot_and_a_torch_without_cuda_is_the_wrong_device():
+    with pytest.raises(WrongDevice, match=r"GPU slot\(s\) \[3\].*no CUDA device.*built without CUDA"):
         device.activate(ProcessDevice(DeviceKind.CUDA, (3,)))
 
 

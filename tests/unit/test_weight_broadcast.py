@@ -13,6 +13,7 @@ import torch
 
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.trainer.weight_broadcast import Watchdog, buckets, dtype_name, group_layout
+from policies.exits import EXIT_SYNC_HUNG
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -79,3 +80,42 @@ def test_the_watchdog_aborts_a_block_that_overruns_and_spares_one_that_does_not(
         assert 0 < quick.remaining() <= 0.5
     time.sleep(0.7)
     assert not fired.is_set() and not quick.expired.is_set()
+
+
+class FakeExit:
+    """Stands in for os._exit: records the code instead of ending the test process."""
+
+    def __init__(self):
+        self.codes: list[int] = []
+        self.called = threading.Event()
+
+    def __call__(self, code: int) -> None:
+        self.codes.append(code)
+        self.called.set()
+
+
+def test_a_sync_that_its_abort_does_not_end_ends_the_trainer_for_erld_to_restart():
+    fake_exit = FakeExit()
+    with Watchdog(0.1, lambda: None, grace_s=0.2, exit=fake_exit):  # an abort that frees nothing
+        assert fake_exit.called.wait(5), "the last resort did not come"
+    assert fake_exit.codes == [EXIT_SYNC_HUNG]
+
+
+def test_an_abort_that_hangs_itself_still_ends_the_trainer():
+    released = threading.Event()
+    fake_exit = FakeExit()
+    try:
+        with Watchdog(0.1, released.wait, grace_s=0.2, exit=fake_exit):  # abort() blocks
+            assert fake_exit.called.wait(5), "the last resort waited for the abort"
+    finally:
+        released.set()
+    assert fake_exit.codes == [EXIT_SYNC_HUNG]
+
+
+def test_a_sync_that_its_abort_ends_within_the_grace_keeps_the_trainer():
+    fake_exit = FakeExit()
+    unblocked = threading.Event()
+    with Watchdog(0.1, unblocked.set, grace_s=0.3, exit=fake_exit) as watchdog:
+        assert unblocked.wait(5)  # the aborted broadcast returns
+    time.sleep(0.5)
+    assert watchdog.expired.is_set() and fake_exit.codes == []
