@@ -32,7 +32,7 @@ EXIT_GAVE_UP = 77
 or a trainer cannot run where it was placed (a GPU slot and a torch without CUDA, say)."""
 EXIT_SUPERSEDED = 78
 """A process found its assignment taken by a newer instance (``elastic_rl.fencing``): a crash like any
-other here. It was 77 too, so an orchestrator superseded failed the job as if it had given up."""
+other here, and a number of its own, so that it is never taken for a give-up."""
 EXIT_SYNC_HUNG = 74
 """A trainer's weight sync hung past its abort, and the trainer ended itself: a crash like any other
 (the last row), named so that no other code takes its number."""
