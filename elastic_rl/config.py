@@ -458,10 +458,11 @@ class TrainerSpec(Component):
 
     @model_validator(mode="after")
     def _micro_fits(self) -> TrainerSpec:
-        if self.global_batch_size % self.micro_batch_size:
+        # With a token budget micro_batch_size is unused: the budget cuts the micro-batches.
+        if self.max_tokens_per_micro_batch is None and self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"global_batch_size ({self.global_batch_size}) must be a multiple of "
-                f"micro_batch_size ({self.micro_batch_size})"
+                f"micro_batch_size ({self.micro_batch_size}), or set max_tokens_per_micro_batch"
             )
         return self
 

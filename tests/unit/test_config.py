@@ -294,3 +294,10 @@ def test_distributed_weight_sync_needs_sglang_in_sync_mode(sglang_installed):
     spec = validate_spec({"name": "j", "engines": {"kind": "sglang", "weight_sync": "distributed"}})
     assert spec.engines.weight_sync == "distributed" and spec.engines.weight_sync_timeout_s == 300.0
     assert validate_spec({"name": "j"}).engines.weight_sync == "disk"
+
+
+def test_micro_batches_split_the_global_batch_unless_a_token_budget_cuts_them():
+    with pytest.raises(SpecError, match=r"global_batch_size \(64\) must be a multiple of micro_batch_size \(24\)"):
+        validate_spec({"name": "j", "trainer": {"micro_batch_size": 24}})
+    spec = validate_spec({"name": "j", "trainer": {"micro_batch_size": 24, "max_tokens_per_micro_batch": 512}})
+    assert spec.trainer.max_tokens_per_micro_batch == 512
