@@ -145,6 +145,17 @@ def test_the_entropy_bonus_is_subtracted_and_raises_entropy_when_followed():
     assert entropy(stepped).item() > ent.item()
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "gspo"])
+def test_the_rl_objective_subtracts_entropy_coef_times_the_entropy(estimator):
+    logp = torch.tensor([[-1.0, -2.0]])
+    args = dict(entropy=torch.tensor([[0.7, 1.2]]), old_logp=logp, engine_logp=logp, ref_logp=None,
+                advantages=torch.tensor([[1.0, -1.0]]), mask=torch.ones(1, 2))  # fmt: skip
+    terms = token_losses(AlgorithmSpec(advantage_estimator=estimator, entropy_coef=0.1), logp, **args)
+    # Ratio 1 at both tokens: the policy loss is -A, i.e. -1 and 1; minus 0.1 times the entropies 0.7 and 1.2.
+    assert torch.allclose(terms.loss, torch.tensor([[-1.0 - 0.07, 1.0 - 0.12]]))
+    assert torch.allclose(terms.pg, torch.tensor([[-1.0, 1.0]]))
+
+
 def test_kl_is_a_loss_term_unless_it_is_in_the_reward():
     logp, ref = torch.tensor([[-1.0]]), torch.tensor([[-1.5]])
     args = dict(entropy=torch.zeros(1, 1), old_logp=logp, engine_logp=logp, ref_logp=ref,
