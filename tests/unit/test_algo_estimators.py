@@ -97,6 +97,9 @@ def test_tis_multiplies_the_policy_loss_by_its_weight_and_nothing_else():
     expected_plain = torch.tensor([[-math.exp(0.1), math.exp(-0.1)]])
     assert torch.allclose(plain.loss, expected_plain)
     assert torch.allclose(with_tis.loss, expected_plain * torch.tensor([[1.5, math.exp(-1.0)]]))
+    # The weights are reported (train/tis_weight_mean, train/tis_clipped_fraction); the first is at the cap.
+    assert plain.tis_weight is None and torch.allclose(with_tis.tis_weight, torch.tensor([[1.5, math.exp(-1.0)]]))
+    assert torch.equal(with_tis.tis_weight >= 1.5, torch.tensor([[True, False]]))
 
 
 def test_sft_loss_is_the_negative_log_likelihood_whatever_the_rl_inputs():
