@@ -147,8 +147,11 @@ class DataSpec(Component):
     """Where prompts come from, and how they are shown to the model."""
 
     task: Literal["toy_copy", "arithmetic"] = "toy_copy"
-    """A built-in task that makes its prompts in code: toy_copy (repeat a digit) or arithmetic
-    (word problems with small numbers, the answer as the label). Unused when `path` is given."""
+    """A built-in task that makes its prompts in code: toy_copy (repeat toy_digits digits) or
+    arithmetic (word problems with small numbers, the answer as the label). Unused when `path` is given."""
+    toy_digits: PositiveInt = 1
+    """toy_copy only: digits in each prompt, which the answer repeats, so the response needs
+    rollout.max_new_tokens of at least this (the toy tokenizer has a token per digit)."""
     path: Path | None = None
     """A JSONL file of prompts (relative paths are taken from the spec's folder); when given it
     replaces `task`."""
@@ -171,6 +174,12 @@ class DataSpec(Component):
     def _system_prompt_needs_template(self) -> DataSpec:
         if self.system_prompt is not None and not self.apply_chat_template:
             raise ValueError("system_prompt is used only with apply_chat_template: true")
+        return self
+
+    @model_validator(mode="after")
+    def _toy_digits_need_the_toy_task(self) -> DataSpec:
+        if self.toy_digits != 1 and (self.task != "toy_copy" or self.path is not None):
+            raise ValueError("toy_digits is used only by task toy_copy without a path: remove it, or set task toy_copy")
         return self
 
 
@@ -694,6 +703,22 @@ class JobSpec(Component):
             raise ValueError(
                 "algorithm.kind sft generates nothing to filter or buffer: remove rollout.dynamic_filter, "
                 "rollout.over_sampling_batch_size and rollout.partial_rollout"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _toy_answer_fits(self) -> JobSpec:
+        data, limit = self.data, self.rollout.max_new_tokens
+        if data.path is not None or data.task != "toy_copy":
+            return self
+        # One token per digit; an SFT target also ends with the end-of-sequence token.
+        sft = self.algorithm.kind is AlgorithmKind.SFT
+        answer = data.toy_digits + (1 if sft else 0)
+        if limit < answer:
+            what = f"data.toy_digits {data.toy_digits}" + (" and end-of-sequence" if sft else "")
+            raise ValueError(
+                f"rollout.max_new_tokens ({limit}) is shorter than the toy_copy answer ({answer} tokens: {what}): "
+                f"raise rollout.max_new_tokens or lower data.toy_digits"
             )
         return self
 

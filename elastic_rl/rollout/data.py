@@ -16,7 +16,7 @@ import orjson
 
 from elastic_rl.config import DataSpec
 from elastic_rl.errors import SpecError
-from elastic_rl.rollout.tasks import TASKS
+from elastic_rl.rollout.tasks import arithmetic, toy_copy
 
 @dataclass(frozen=True)
 class Prompt:
@@ -58,8 +58,10 @@ class DataSource:
     def __init__(self, spec: DataSpec, seed: int):
         if spec.path is not None:
             self.records = [(text, label) for _, text, label in jsonl_lines(spec.path, spec.prompt_key, spec.label_key)]
+        elif spec.task == "toy_copy":
+            self.records = toy_copy(spec.num_prompts, seed, spec.toy_digits)
         else:
-            self.records = TASKS[spec.task](spec.num_prompts, seed)
+            self.records = arithmetic(spec.num_prompts, seed)
         self.shuffle = spec.shuffle
         self.seed = seed
         self.epoch = 0
