@@ -158,7 +158,11 @@ class DataSpec(Component):
     prompt_key: str = "prompt"
     """The JSONL field holding the prompt text."""
     label_key: str = "label"
-    """The JSONL field holding the reference answer the reward compares against."""
+    """The JSONL field holding the reference answer the reward compares against (for SFT: the response)."""
+    messages_key: str = "messages"
+    """SFT only: the JSONL field holding a chat, a list of {"role", "content"} messages; a line with
+    it is trained on every assistant turn (the loss on the assistant's tokens only, through the chat
+    template: needs apply_chat_template) instead of on a prompt and its label."""
     num_prompts: PositiveInt = 256
     """How many prompts a built-in task makes."""
     shuffle: bool = True
@@ -166,7 +170,8 @@ class DataSpec(Component):
     apply_chat_template: bool = False
     """Render each prompt as a user message through the tokenizer's chat template."""
     system_prompt: str | None = None
-    """With apply_chat_template: a system message before each prompt (else the template's default)."""
+    """With apply_chat_template: a system message before each prompt, and before each chat that has
+    none of its own (else the template's default)."""
 
     _path_exists = field_validator("path")(_existing_file)
 
@@ -482,8 +487,8 @@ class AlgorithmSpec(Component):
 
     kind: AlgorithmKind = AlgorithmKind.RL
     """`rl`, or `sft`: train on the data's (prompt, response) pairs (the response from
-    `data.label_key`), the loss on the response's tokens only, aggregated by loss_aggregation;
-    the estimator, clipping, TIS, KL and entropy fields are unused."""
+    `data.label_key`) or chats (`data.messages_key`), the loss on the assistant's tokens only,
+    aggregated by loss_aggregation; the estimator, clipping, TIS, KL and entropy fields are unused."""
     advantage_estimator: AdvantageEstimator = AdvantageEstimator.GRPO
     """`grpo`, `gspo` (GRPO's advantages, a sequence-level ratio clipped per sequence),
     `reinforce_plus_plus` (returns whitened over the rollout batch) or
