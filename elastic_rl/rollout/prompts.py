@@ -109,15 +109,15 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> Super
     whole = _template(tokenizer, messages, generation_prompt=False)
     tokens = _ids(tokenizer, whole)
     mask = [0] * len(tokens)
-    for turn, message in enumerate(messages):
-        if message["role"] != ASSISTANT:
-            continue
-        start = _prefix_length(tokenizer, messages[:turn], True, whole, tokens, turn)
-        end = _prefix_length(tokenizer, messages[: turn + 1], False, whole, tokens, turn)
+    turns = [i for i, message in enumerate(messages) if message["role"] == ASSISTANT]
+    for number, turn in enumerate(turns, start=1):
+        which = f"the assistant's turn {number}"
+        start = _prefix_length(tokenizer, messages[:turn], True, whole, tokens, f"before {which}")
+        end = _prefix_length(tokenizer, messages[: turn + 1], False, whole, tokens, f"through {which}")
         ends_of_turn = [i for i in range(start, end) if tokens[i] == tokenizer.eos_token_id]
         end = ends_of_turn[-1] + 1 if ends_of_turn else end
         if end <= start:
-            raise SpecError([f"message {turn + 1} (the assistant's) has no tokens through the chat template"])
+            raise SpecError([f"{which} has no tokens through the chat template"])
         mask[start:end] = [1] * (end - start)
     return SupervisedExample(tokens, mask)
 
@@ -131,18 +131,17 @@ def _template(tokenizer: PreTrainedTokenizerBase, messages: Messages, generation
 
 def _prefix_length(
     tokenizer: PreTrainedTokenizerBase, messages: Messages, generation_prompt: bool, whole: str, tokens: list[int],
-    turn: int,
+    where: str,
 ) -> int:  # fmt: skip
-    """How many of the whole chat's tokens the chat ``messages`` (its beginning) takes."""
+    """How many of the whole chat's tokens its beginning ``messages`` takes (``where`` names it for errors)."""
     text = _template(tokenizer, messages, generation_prompt)
-    where = "before" if generation_prompt else "through"
     if not whole.startswith(text):
-        raise SpecError([f"the chat template renders the chat {where} message {turn + 1} differently once later "
-                         f"messages follow, so the assistant's tokens cannot be found"])  # fmt: skip
+        raise SpecError([f"the chat template renders the chat {where} differently once later messages follow, "
+                         f"so the assistant's tokens cannot be found"])  # fmt: skip
     ids = _ids(tokenizer, text)
     if tokens[: len(ids)] != ids:
-        raise SpecError([f"the chat's tokens {where} message {turn + 1} differ from the whole chat's (a token "
-                         f"spans the border of a turn), so the assistant's tokens cannot be found"])  # fmt: skip
+        raise SpecError([f"the chat's tokens {where} differ from the whole chat's (a token spans the border of "
+                         f"a turn), so the assistant's tokens cannot be found"])  # fmt: skip
     return len(ids)
 
 

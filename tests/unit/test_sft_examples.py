@@ -104,7 +104,7 @@ def test_the_batch_carries_each_examples_mask_and_pads_the_rest(tokenizer):
 def test_a_template_that_renders_earlier_turns_differently_is_refused(tokenizer):
     # The number of messages up front: every longer chat begins differently.
     tokenizer.chat_template = "{{ messages | length }}" + CHAT_TEMPLATE
-    with pytest.raises(SpecError, match="renders the chat before message 2 differently"):
+    with pytest.raises(SpecError, match="renders the chat before the assistant's turn 1 differently"):
         render_example(tokenizer, CHAT, Prompt(0, 0, "hi", "yo"))
 
 
@@ -160,7 +160,7 @@ def test_check_data_renders_every_chat_before_the_run(tmp_path, tokenizer, monke
         check_data(validate_spec({"name": "j", "data": {"path": str(path)}}))
 
     tokenizer.chat_template = "{{ messages | length }}" + CHAT_TEMPLATE
-    with pytest.raises(SpecError, match=rf"{path}:1: the chat template renders the chat before message 2"):
+    with pytest.raises(SpecError, match=rf"{path}:1: the chat template renders the chat before the assistant's turn 1"):
         check_data(spec)
 
 
