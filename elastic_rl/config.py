@@ -147,15 +147,22 @@ class DataSpec(Component):
     """Where prompts come from, and how they are shown to the model."""
 
     task: Literal["toy_copy", "arithmetic"] = "toy_copy"
-    """A built-in task that makes its prompts in code: toy_copy (repeat a digit) or arithmetic
-    (word problems with small numbers, the answer as the label). Unused when `path` is given."""
+    """A built-in task that makes its prompts in code: toy_copy (repeat toy_digits digits) or
+    arithmetic (word problems with small numbers, the answer as the label). Unused when `path` is given."""
+    toy_digits: PositiveInt = 1
+    """toy_copy only: digits in each prompt, which the answer repeats, so the response needs
+    rollout.max_new_tokens of at least this (the toy tokenizer has a token per digit)."""
     path: Path | None = None
     """A JSONL file of prompts (relative paths are taken from the spec's folder); when given it
     replaces `task`."""
     prompt_key: str = "prompt"
     """The JSONL field holding the prompt text."""
     label_key: str = "label"
-    """The JSONL field holding the reference answer the reward compares against."""
+    """The JSONL field holding the reference answer the reward compares against (for SFT: the response)."""
+    messages_key: str = "messages"
+    """SFT only: the JSONL field holding a chat, a list of {"role", "content"} messages; a line with
+    it is trained on every assistant turn (the loss on the assistant's tokens only, through the chat
+    template: needs apply_chat_template) instead of on a prompt and its label."""
     num_prompts: PositiveInt = 256
     """How many prompts a built-in task makes."""
     shuffle: bool = True
@@ -163,7 +170,8 @@ class DataSpec(Component):
     apply_chat_template: bool = False
     """Render each prompt as a user message through the tokenizer's chat template."""
     system_prompt: str | None = None
-    """With apply_chat_template: a system message before each prompt (else the template's default)."""
+    """With apply_chat_template: a system message before each prompt, and before each chat that has
+    none of its own (else the template's default)."""
 
     _path_exists = field_validator("path")(_existing_file)
 
@@ -171,6 +179,12 @@ class DataSpec(Component):
     def _system_prompt_needs_template(self) -> DataSpec:
         if self.system_prompt is not None and not self.apply_chat_template:
             raise ValueError("system_prompt is used only with apply_chat_template: true")
+        return self
+
+    @model_validator(mode="after")
+    def _toy_digits_need_the_toy_task(self) -> DataSpec:
+        if self.toy_digits != 1 and (self.task != "toy_copy" or self.path is not None):
+            raise ValueError("toy_digits is used only by task toy_copy without a path: remove it, or set task toy_copy")
         return self
 
 
@@ -495,10 +509,11 @@ class TrainerSpec(Component):
 
     @model_validator(mode="after")
     def _micro_fits(self) -> TrainerSpec:
-        if self.global_batch_size % self.micro_batch_size:
+        # With a token budget micro_batch_size is unused: the budget cuts the micro-batches.
+        if self.max_tokens_per_micro_batch is None and self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"global_batch_size ({self.global_batch_size}) must be a multiple of "
-                f"micro_batch_size ({self.micro_batch_size})"
+                f"micro_batch_size ({self.micro_batch_size}), or set max_tokens_per_micro_batch"
             )
         return self
 
@@ -509,8 +524,8 @@ class AlgorithmSpec(Component):
 
     kind: AlgorithmKind = AlgorithmKind.RL
     """`rl`, or `sft`: train on the data's (prompt, response) pairs (the response from
-    `data.label_key`), the loss on the response's tokens only, aggregated by loss_aggregation;
-    the estimator, clipping, TIS, KL and entropy fields are unused."""
+    `data.label_key`) or chats (`data.messages_key`), the loss on the assistant's tokens only,
+    aggregated by loss_aggregation; the estimator, clipping, TIS, KL and entropy fields are unused."""
     advantage_estimator: AdvantageEstimator = AdvantageEstimator.GRPO
     """`grpo`, `gspo` (GRPO's advantages, a sequence-level ratio clipped per sequence),
     `reinforce_plus_plus` (returns whitened over the rollout batch) or
@@ -730,6 +745,22 @@ class JobSpec(Component):
             raise ValueError(
                 "algorithm.kind sft generates nothing to filter or buffer: remove rollout.dynamic_filter, "
                 "rollout.over_sampling_batch_size and rollout.partial_rollout"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _toy_answer_fits(self) -> JobSpec:
+        data, limit = self.data, self.rollout.max_new_tokens
+        if data.path is not None or data.task != "toy_copy":
+            return self
+        # One token per digit; an SFT target also ends with the end-of-sequence token.
+        sft = self.algorithm.kind is AlgorithmKind.SFT
+        answer = data.toy_digits + (1 if sft else 0)
+        if limit < answer:
+            what = f"data.toy_digits {data.toy_digits}" + (" and end-of-sequence" if sft else "")
+            raise ValueError(
+                f"rollout.max_new_tokens ({limit}) is shorter than the toy_copy answer ({answer} tokens: {what}): "
+                f"raise rollout.max_new_tokens or lower data.toy_digits"
             )
         return self
 

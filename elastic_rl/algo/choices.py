@@ -9,7 +9,7 @@ class AlgorithmKind(str, Enum):
     RL = "rl"
     """Policy-gradient RL on the engines' samples and their rewards."""
     SFT = "sft"
-    """Supervised fine-tuning: the data's (prompt, response) pairs, the loss on the response's tokens."""
+    """Supervised fine-tuning: the data's (prompt, response) pairs or chats, the loss on the assistant's tokens."""
 
 
 class AdvantageEstimator(str, Enum):

@@ -28,6 +28,8 @@ class TokenLosses:
     clipped: torch.Tensor
     kl: torch.Tensor | None
     """KL to the reference per token (reported; in the loss only when it is not in the reward)."""
+    tis_weight: torch.Tensor | None
+    """The truncated importance weight per token, when TIS is on (reported)."""
 
 
 def token_losses(
@@ -42,14 +44,16 @@ def token_losses(
 ) -> TokenLosses:
     if algorithm.kind is AlgorithmKind.SFT:
         nll = -logp
-        return TokenLosses(nll, nll, torch.zeros_like(logp), None)
+        return TokenLosses(nll, nll, torch.zeros_like(logp), None, None)
     if algorithm.advantage_estimator is AdvantageEstimator.GSPO:
         pg, clipped = gspo_clipped_loss(logp, old_logp, advantages, mask, algorithm.eps_clip, algorithm.eps_clip_high)
     else:
         pg, clipped = ppo_clipped_loss(logp, old_logp, advantages, algorithm.eps_clip, algorithm.eps_clip_high)
+    tis_weight = None
     if algorithm.tis_cap is not None:
-        pg = pg * tis_weights(old_logp, engine_logp, algorithm.tis_cap)
+        tis_weight = tis_weights(old_logp, engine_logp, algorithm.tis_cap)
+        pg = pg * tis_weight
     kl = None if ref_logp is None else KL_ESTIMATORS[algorithm.kl_estimator](logp, ref_logp)
     kl_term = None if algorithm.kl_in_reward else kl
     loss = policy_token_loss(pg, entropy, kl_term, algorithm.entropy_coef, algorithm.kl_coef)
-    return TokenLosses(loss, pg, clipped, kl)
+    return TokenLosses(loss, pg, clipped, kl, tis_weight)

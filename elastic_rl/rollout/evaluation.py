@@ -30,8 +30,10 @@ class Evaluator:
         self.scorer = scorer
         self.datasets: list[tuple[EvalDataset, list[tuple[Prompt, list[int]]]]] = []
         for dataset in spec.eval.datasets:
-            lines = jsonl_lines(dataset.path, spec.data.prompt_key, spec.data.label_key)
-            prompts = [(Prompt(index, 0, text, label), render(tokenizer, spec.data, text)) for index, text, label in lines]
+            lines = jsonl_lines(dataset.path, spec.data)
+            prompts = [
+                (Prompt(index, 0, text, label), render(tokenizer, spec.data, text)) for index, text, label, _ in lines
+            ]
             self.datasets.append((dataset, prompts))
 
     def due(self, rollout_id: int) -> bool:

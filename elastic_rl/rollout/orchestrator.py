@@ -42,7 +42,7 @@ from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
-from checkpoints.rollout_log import RolloutBatch, read_rollout, response_mask, write_rollout
+from checkpoints.rollout_log import RolloutBatch, read_rollout, write_rollout
 from elastic_rl.rollout.evaluation import Evaluator
 from elastic_rl.rollout.generation import Serving
 from elastic_rl.rollout.groups import samples_record, to_batch
@@ -58,6 +58,37 @@ RETRY_ENGINES_S = 1.0
 ENGINE_QUERY_TIMEOUT_S = 5.0
 # With the client's backoff (up to 2 s a try) this rides out about half a minute without engines.
 ROUTER_ATTEMPTS = 16
+
+
+def supervised_batch(prompts: list[Drawn], pad_id: int, weight_version: int) -> tuple[RolloutBatch, dict[str, float]]:
+    """SFT: each record's example (a prompt and its response, or a chat) as a row, the loss on the
+    tokens its mask holds; nothing is generated or scored."""
+    started = time.monotonic()
+    examples = [example for _, _, example in prompts]
+    width = max(len(example.tokens) for example in examples)
+    tokens = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(len(examples), width)
+    for i, example in enumerate(examples):
+        tokens[i, : len(example.tokens)] = torch.tensor(example.tokens)
+        loss_mask[i, : len(example.tokens)] = torch.tensor(example.loss_mask, dtype=torch.float)
+    batch = RolloutBatch(
+        tokens=tokens,
+        prompt_lengths=torch.tensor([example.prompt_length for example in examples]),
+        response_lengths=torch.tensor([example.response_length for example in examples]),
+        engine_logprobs=torch.zeros(len(examples), width),
+        rewards=torch.zeros(len(examples)),
+        prompt_indices=torch.tensor([p.index for p, _, _ in prompts]),
+        prompt_epochs=torch.tensor([p.epoch for p, _, _ in prompts]),
+        weight_versions=torch.full((len(examples),), weight_version),
+        loss_mask=loss_mask,
+    )
+    lengths = loss_mask.sum(dim=1)  # the tokens trained on: a chat's assistant turns only
+    metrics = {
+        "rollout/response_length_mean": lengths.mean().item(),
+        "rollout/response_length_max": lengths.max().item(),
+        "rollout/time": time.monotonic() - started,
+    }
+    return batch, metrics
 
 
 class Orchestrator:
@@ -134,37 +165,6 @@ class Orchestrator:
             if isinstance(info, Exception) or str(info.get("weight_version")) != str(version)
         }  # fmt: skip
 
-    # --- batches --------------------------------------------------------------------
-
-    def supervised_batch(self, prompts: list[Drawn]) -> tuple[RolloutBatch, dict[str, float]]:
-        """SFT: each prompt followed by its label as the response; nothing is generated or scored."""
-        started = time.monotonic()
-        rows = [ids + response for _, ids, response in prompts]
-        width = max(len(row) for row in rows)
-        tokens = torch.full((len(rows), width), pad_token_id(self.tokenizer), dtype=torch.long)
-        for i, row in enumerate(rows):
-            tokens[i, : len(row)] = torch.tensor(row)
-        prompt_lengths = torch.tensor([len(ids) for _, ids, _ in prompts])
-        response_lengths = torch.tensor([len(row) for row in rows]) - prompt_lengths
-        batch = RolloutBatch(
-            tokens=tokens,
-            prompt_lengths=prompt_lengths,
-            response_lengths=response_lengths,
-            engine_logprobs=torch.zeros(len(rows), width),
-            rewards=torch.zeros(len(rows)),
-            prompt_indices=torch.tensor([p.index for p, _, _ in prompts]),
-            prompt_epochs=torch.tensor([p.epoch for p, _, _ in prompts]),
-            weight_versions=torch.full((len(rows),), self.engine_version or 0),
-            loss_mask=response_mask(prompt_lengths, response_lengths, width),
-        )
-        lengths = response_lengths.float()
-        metrics = {
-            "rollout/response_length_mean": lengths.mean().item(),
-            "rollout/response_length_max": lengths.max().item(),
-            "rollout/time": time.monotonic() - started,
-        }
-        return batch, metrics
-
     # --- the loop ---------------------------------------------------------------
 
     def resume_point(self) -> int:
@@ -183,7 +183,7 @@ class Orchestrator:
         spec = self.spec.rollout
         if self.spec.algorithm.kind is AlgorithmKind.SFT:
             prompts, skipped = self.sampler.draw(spec.prompts_per_rollout)
-            batch, metrics = self.supervised_batch(prompts)
+            batch, metrics = supervised_batch(prompts, pad_token_id(self.tokenizer), self.engine_version or 0)
             filled = Filled([], drawn=[prompt for prompt, _, _ in prompts], skipped=skipped, metrics=metrics)
         else:
             filled = await self.sampler.fill(rollout_id, self.engine_version)

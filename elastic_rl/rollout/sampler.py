@@ -38,15 +38,15 @@ from elastic_rl.plugins import load_function
 from elastic_rl.rollout.data import DataSource, Prompt
 from elastic_rl.rollout.generation import GroupGenerator, Work
 from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, fifo
-from elastic_rl.rollout.prompts import render, render_response
+from elastic_rl.rollout.prompts import SupervisedExample, render, render_example
 from elastic_rl.rollout.scoring import Scorer
 from policies.dynamic_sampling import ConsecutiveFailures, zero_std
 
 ABORT_REPEAT_S = 0.1
 """How often a partial rollout aborts again while requests are still out (one may reach its engine late)."""
 
-Drawn = tuple[Prompt, list[int], list[int]]
-"""A prompt, its token ids and, for SFT, its response's token ids (else empty)."""
+Drawn = tuple[Prompt, list[int], SupervisedExample | None]
+"""A prompt, its token ids and, for SFT, the example it trains on (its tokens and loss mask)."""
 
 
 class DropReason(Enum):
@@ -129,14 +129,16 @@ class GroupSampler:
             if len(skipped) >= len(self.data.records):
                 raise GaveUp(f"no prompt of the data fits rollout.max_prompt_len ({limit} tokens)")
             for prompt in self.data.draw(wanted - len(kept)):
-                ids = render(self.tokenizer, self.spec.data, prompt.text)
-                response = []
                 if supervised:
-                    response = render_response(self.tokenizer, self.spec.data, prompt.text, prompt.label)
-                if len(ids) > limit or len(response) > rollout.max_new_tokens:
-                    skipped.append(prompt)
+                    example = render_example(self.tokenizer, self.spec.data, prompt)
+                    ids, fits = example.tokens[: example.prompt_length], example.fits(limit, rollout.max_new_tokens)
                 else:
-                    kept.append((prompt, ids, response))
+                    example, ids = None, render(self.tokenizer, self.spec.data, prompt.text)
+                    fits = len(ids) <= limit
+                if fits:
+                    kept.append((prompt, ids, example))
+                else:
+                    skipped.append(prompt)
         return kept, skipped
 
     # --- generating ---------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Built-in tasks: prompts made in code, each with the label its reward compares against.
 
-``toy_copy``: the prompt is a digit and "=", the answer repeats the digit (the
-tiny demo's task, learnable by a random model). ``arithmetic``: short word
+``toy_copy``: the prompt is a few digits (``data.toy_digits``, one by default)
+and "=", the answer repeats them (the tiny demo's task, learnable by a random
+model; with more digits the response has as many tokens, so the estimators
+that differ per token or per sequence differ there). ``arithmetic``: short word
 problems with small whole numbers, adding or taking away, the answer as the
 label; pretrained small models get a few in ten right at temperature 1, so
 GRPO has room to improve them. Both are deterministic in (count, seed).
@@ -10,12 +12,10 @@ GRPO has room to improve them. Both are deterministic in (count, seed).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 Records = list[tuple[str, str]]
 
 TOY_ALPHABET = "0123456789"
-TOY_LENGTH = 1
 
 NAMES = ("Tom", "Ana", "Lee", "Mia", "Sam", "Zoe", "Ben", "Ivy")
 ITEMS = ("apples", "books", "coins", "pens", "shells", "stamps", "cards", "eggs")
@@ -31,11 +31,11 @@ ARITHMETIC_TEMPLATES = (
 ARITHMETIC_MAX = 9
 
 
-def toy_copy(count: int, seed: int) -> Records:
+def toy_copy(count: int, seed: int, digits: int) -> Records:
     rng = random.Random(seed)
     records = []
     for _ in range(count):
-        answer = "".join(rng.choice(TOY_ALPHABET) for _ in range(TOY_LENGTH))
+        answer = "".join(rng.choice(TOY_ALPHABET) for _ in range(digits))
         records.append((f"{answer}=", answer))
     return records
 
@@ -52,5 +52,3 @@ def arithmetic(count: int, seed: int) -> Records:
         records.append((text, str(a + b if adds else a - b)))
     return records
 
-
-TASKS: dict[str, Callable[[int, int], Records]] = {"toy_copy": toy_copy, "arithmetic": arithmetic}

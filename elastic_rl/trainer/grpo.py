@@ -34,9 +34,14 @@ from policies.nan_guard import Decision, Response, StepHealth, decide, needs_rec
 
 
 # Sums over the step's samples, all-reduced across replicas; samples_per_step proves the global batch was whole.
-METRIC_NAMES = ("loss", "pg_loss", "ppo_kl", "entropy", "clipfrac", "kl", "samples_per_step")
+METRIC_NAMES = (
+    "loss", "pg_loss", "ppo_kl", "entropy", "clipfrac", "kl", "samples_per_step",
+    "tis_weight_mean", "tis_clipped_fraction",
+)  # fmt: skip
+# Reported only with algorithm.tis_cap: the mean TIS weight, and the share of tokens whose weight is the cap.
+TIS_ONLY = ("tis_weight_mean", "tis_clipped_fraction")
 # Meaningless for SFT, which has no old policy, clipping or reference; its loss is the NLL.
-POLICY_GRADIENT_ONLY = ("pg_loss", "ppo_kl", "first_step_ppo_kl", "clipfrac", "kl")
+POLICY_GRADIENT_ONLY = ("pg_loss", "ppo_kl", "first_step_ppo_kl", "clipfrac", "kl", *TIS_ONLY)
 
 
 class NonFiniteStep(RuntimeError):
@@ -183,6 +188,7 @@ class GrpoTrainer:
             loss = aggregate(terms.loss, m, spec.algorithm.loss_aggregation, global_tokens, global_samples)
             if backward:
                 loss.backward()
+            tis = terms.tis_weight
             sums += torch.tensor([
                 loss.item(),
                 reduce_global(terms.pg.detach(), m, global_tokens).item(),
@@ -191,6 +197,8 @@ class GrpoTrainer:
                 reduce_global(terms.clipped, m, global_tokens).item(),
                 0.0 if terms.kl is None else reduce_global(terms.kl.detach(), m, global_tokens).item(),
                 len(mb),
+                0.0 if tis is None else reduce_global(tis, m, global_tokens).item(),
+                0.0 if tis is None else reduce_global((tis >= spec.algorithm.tis_cap).float(), m, global_tokens).item(),
             ])  # fmt: skip
         return sums
 
@@ -281,8 +289,11 @@ class GrpoTrainer:
 
     def rollout_metrics(self, ctx: RolloutContext) -> dict[str, float]:
         means = ctx.metrics.means()
-        if self.spec.algorithm.kind is AlgorithmKind.SFT:
+        algorithm = self.spec.algorithm
+        if algorithm.kind is AlgorithmKind.SFT:
             means = {name: value for name, value in means.items() if name not in POLICY_GRADIENT_ONLY}
+        if algorithm.tis_cap is None:
+            means = {name: value for name, value in means.items() if name not in TIS_ONLY}
         result = {f"train/{name}": value for name, value in means.items()}
         if ctx.logprob_gap is not None:
             result["train/logprob_abs_diff_max"] = ctx.logprob_gap

@@ -18,10 +18,9 @@ after it, which are still in the log; with no snapshot it replays from the
 initial weights, which the seed determines. A replica that joins running
 peers skips the replay: the quorum heals it.
 
-The NaN/Inf guard's responses that outlive a step end the process with an
-exit code erld acts on: ``EXIT_ROLLBACK`` (the rollout batch is quarantined
-and every replica restarts from the newest snapshot) and
-``EXIT_DEVICE_QUARANTINED`` (this replica's device is set aside).
+A warm spare first waits for a replica's place (``trainer.warm_spare``); the
+NaN/Inf guard's responses that outlive a step end the process with an exit
+code erld acts on (``trainer.nan_response``).
 """
 
 from __future__ import annotations
@@ -29,13 +28,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psutil
 import torch
 from torchft import Manager, ProcessGroupBabyNCCL, ProcessGroupGloo, ProcessGroupNCCL
@@ -53,21 +50,20 @@ from elastic_rl.model.export import write_initial_checkpoint
 from elastic_rl.model.gpt import init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.net import LOOPBACK
-from checkpoints.rollout_log import quarantine, read_rollout
-from elastic_rl.trainer.grpo import GrpoTrainer, RolloutContext, StepOutcome
+from checkpoints.rollout_log import read_rollout
+from elastic_rl.trainer.grpo import GrpoTrainer, RolloutContext
 from elastic_rl.trainer.heal_transport import LoopbackTransport
 from elastic_rl.trainer.lr_schedule import lr_lambda
 from elastic_rl.trainer.nan_injection import install_from_environment
+from elastic_rl.trainer.nan_response import respond_to_nan
 from elastic_rl.trainer.publisher import RolloutPublisher
+from elastic_rl.trainer.warm_spare import wait_for_place
 from elastic_rl.trainer.weight_broadcast import WeightBroadcaster
 from policies.devices import CrossReplicaGroup, Precision, cross_replica_group, precision_problem
-from policies.exits import EXIT_DEVICE_QUARANTINED, EXIT_ROLLBACK
-from policies.nan_guard import Response
 
 log = logging.getLogger("elastic_rl.trainer")
 
 POLL_INTERVAL_S = 0.05
-SPARE_POLL_INTERVAL_S = 0.01
 TORCHFT_GROUPS = {
     CrossReplicaGroup.GLOO: ProcessGroupGloo,
     CrossReplicaGroup.NCCL: ProcessGroupNCCL,
@@ -130,7 +126,6 @@ class TrainerReplica:
         self.assignment = Assignment.from_environ()
         self.spare = os.environ.get(jobenv.SPARE)
         self.replica = int(os.environ.get(jobenv.REPLICA, "0"))
-        self.assigned_at: float | None = None  # when a warm spare was given its place
 
         # Where this rank stands; set as the run goes.
         self.context: RolloutContext | None = None
@@ -140,6 +135,11 @@ class TrainerReplica:
         self.leader = False
         self.participants = 0
         self.trained_any = False
+        # A resume's costs (report_caught_up): set as the replica joins and loads its snapshot.
+        self.setup_s = 0.0
+        self.load_s = 0.0
+        self.replay_end = -1
+        self.replay_started = time.monotonic()
 
     @property
     def proc(self) -> str:
@@ -167,16 +167,11 @@ class TrainerReplica:
         if self.spare is None:
             return True
         spare = f"spare-{self.spare}-{self.assignment.generation}"
-        path = layout.spare_assignment_path(self.workdir, spare)
-        log.info("warm spare %s ready", spare)
-        while not path.is_file():
-            if self.stop_request.requested:
-                return False
-            time.sleep(SPARE_POLL_INTERVAL_S)
-        given = orjson.loads(path.read_bytes())
-        self.replica = int(given["replica"])
-        self.assigned_at = time.monotonic()
-        self.assignment.take_over(self.proc, int(given["generation"]))
+        place = wait_for_place(self.workdir, spare, lambda: self.stop_request.requested)
+        if place is None:
+            return False
+        self.replica = place.replica
+        self.assignment.take_over(self.proc, place.generation)
         return True
 
     def join(self) -> None:
@@ -308,11 +303,8 @@ class TrainerReplica:
             position = self.manager.current_step()
             rollout_id = position // self.steps_per_rollout
             log.info("healed from a peer at step %d (rollout %d)", position, rollout_id)
-            joined = {}
-            if self.assigned_at is not None and not self.trained_any:
-                joined["since_assignment_s"] = time.monotonic() - self.assigned_at  # a warm spare's join
             emit_event("replica_healed", f"took a peer's state at step {position}", self.proc, device=self.device,
-                       step=position, **joined)  # fmt: skip
+                       step=position)  # fmt: skip
             # A peer at a rollout's first step may still hold the previous rollout's context:
             # the healed weights are the ones to compute it from.
             peer = self.healed["rollout"]
@@ -338,7 +330,8 @@ class TrainerReplica:
                 emit_event("quorum_changed", f"{self.participants} replica(s) train from step {position}", self.proc,
                            device=self.device, step=position, participants=self.participants)  # fmt: skip
         outcome = self.trainer.step(self.context, index)
-        self.respond_to_nan(outcome, position, rollout_id)
+        respond_to_nan(outcome.decision, outcome.leader and self.rank == 0, self.workdir, rollout_id, position,
+                       self.proc, self.replica, self.device)  # fmt: skip
         if outcome.committed:
             self.trained_any = True
             self.leader = outcome.leader
@@ -384,23 +377,7 @@ class TrainerReplica:
             self.assignment.exit_if_superseded_blocking()
             self.snapshots.save(self.state, self.scheduler.last_epoch, rollout_id - 1, self.spec_hash)
 
-    # --- what outlives a step --------------------------------------------------
-
-    def respond_to_nan(self, outcome: StepOutcome, step: int, rollout_id: int) -> None:
-        """Record the NaN guard's decision; end the process where the response needs a restart."""
-        decision = outcome.decision
-        where = {"device": self.device, "step": step, "rollout": rollout_id}
-        if decision.response is Response.SKIP and outcome.leader and self.rank == 0:
-            emit_event("nan_step_skipped", f"{decision.reason}; step {step} redone", self.proc, **where)
-        elif decision.response is Response.ROLLBACK:
-            quarantine(self.workdir, rollout_id, step, decision.reason)
-            if outcome.leader and self.rank == 0:
-                emit_event("rollout_quarantined", f"{decision.reason}; rolling back to the newest snapshot",
-                           self.proc, **where)  # fmt: skip
-            sys.exit(EXIT_ROLLBACK)
-        elif decision.response is Response.QUARANTINE_DEVICE and self.replica in decision.replicas:
-            emit_event("device_quarantined", decision.reason, self.proc, **where)
-            sys.exit(EXIT_DEVICE_QUARANTINED)
+    # --- snapshots' outcomes ------------------------------------------------------
 
     def _retain(self, step: int, path: Path) -> None:
         log.info("snapshot %d committed: %s", step, path)

@@ -62,7 +62,7 @@ def assert_replica_came_back(events: list[dict], replica: int) -> None:
                and e["time"] > killed_at for e in events)  # fmt: skip
 
 
-@pytest.mark.chaos  # `make chaos`; make test kills a replica of the SmolLM2 job (test_smollm2_job.py)
+@pytest.mark.chaos  # `make chaos`; make test kills a rank of a TP=2 replica (below)
 @pytest.mark.timeout(600)
 def test_killing_a_replica_loses_no_step(daemon, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"

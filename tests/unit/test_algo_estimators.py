@@ -97,6 +97,9 @@ def test_tis_multiplies_the_policy_loss_by_its_weight_and_nothing_else():
     expected_plain = torch.tensor([[-math.exp(0.1), math.exp(-0.1)]])
     assert torch.allclose(plain.loss, expected_plain)
     assert torch.allclose(with_tis.loss, expected_plain * torch.tensor([[1.5, math.exp(-1.0)]]))
+    # The weights are reported (train/tis_weight_mean, train/tis_clipped_fraction); the first is at the cap.
+    assert plain.tis_weight is None and torch.allclose(with_tis.tis_weight, torch.tensor([[1.5, math.exp(-1.0)]]))
+    assert torch.equal(with_tis.tis_weight >= 1.5, torch.tensor([[True, False]]))
 
 
 def test_sft_loss_is_the_negative_log_likelihood_whatever_the_rl_inputs():
@@ -143,6 +146,17 @@ def test_the_entropy_bonus_is_subtracted_and_raises_entropy_when_followed():
     with torch.no_grad():
         stepped = logits - 1.0 * logits.grad
     assert entropy(stepped).item() > ent.item()
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gspo"])
+def test_the_rl_objective_subtracts_entropy_coef_times_the_entropy(estimator):
+    logp = torch.tensor([[-1.0, -2.0]])
+    args = dict(entropy=torch.tensor([[0.7, 1.2]]), old_logp=logp, engine_logp=logp, ref_logp=None,
+                advantages=torch.tensor([[1.0, -1.0]]), mask=torch.ones(1, 2))  # fmt: skip
+    terms = token_losses(AlgorithmSpec(advantage_estimator=estimator, entropy_coef=0.1), logp, **args)
+    # Ratio 1 at both tokens: the policy loss is -A, i.e. -1 and 1; minus 0.1 times the entropies 0.7 and 1.2.
+    assert torch.allclose(terms.loss, torch.tensor([[-1.0 - 0.07, 1.0 - 0.12]]))
+    assert torch.allclose(terms.pg, torch.tensor([[-1.0, 1.0]]))
 
 
 def test_kl_is_a_loss_term_unless_it_is_in_the_reward():

@@ -303,3 +303,22 @@ def test_distributed_weight_sync_needs_sglang_in_sync_mode(sglang_installed):
     spec = validate_spec({"name": "j", "engines": {"kind": "sglang", "weight_sync": "distributed"}})
     assert spec.engines.weight_sync == "distributed" and spec.engines.weight_sync_timeout_s == 300.0
     assert validate_spec({"name": "j"}).engines.weight_sync == "disk"
+
+
+def test_micro_batches_split_the_global_batch_unless_a_token_budget_cuts_them():
+    with pytest.raises(SpecError, match=r"global_batch_size \(64\) must be a multiple of micro_batch_size \(24\)"):
+        validate_spec({"name": "j", "trainer": {"micro_batch_size": 24}})
+    spec = validate_spec({"name": "j", "trainer": {"micro_batch_size": 24, "max_tokens_per_micro_batch": 512}})
+    assert spec.trainer.max_tokens_per_micro_batch == 512
+
+
+def test_the_toy_answer_has_toy_digits_and_must_fit_in_max_new_tokens():
+    spec = load_spec(SPEC, ["data.toy_digits=2", "rollout.max_new_tokens=2"])
+    assert spec.data.toy_digits == 2
+    (problem,) = problems(SPEC, "data.toy_digits=2")  # the example's max_new_tokens is 1
+    assert "rollout.max_new_tokens (1) is shorter than the toy_copy answer (2 tokens: data.toy_digits 2)" in problem
+    sft = ["algorithm.kind=sft", "rollout.n_samples_per_prompt=1", "trainer.global_batch_size=32", "trainer.micro_batch_size=32"]
+    (problem,) = problems(SPEC, *sft)
+    assert "(2 tokens: data.toy_digits 1 and end-of-sequence)" in problem
+    (problem,) = problems(SPEC, "data.task=arithmetic", "data.toy_digits=2", "rollout.max_new_tokens=2")
+    assert "data: toy_digits is used only by task toy_copy" in problem

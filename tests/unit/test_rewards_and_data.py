@@ -116,3 +116,9 @@ def test_sft_data_without_a_response_is_named_before_the_run(tmp_path):
     with pytest.raises(SpecError, match=r"pairs.jsonl:2: no response in 'label'"):
         check_data(spec)
     assert check_data(validate_spec({"name": "j", "data": {"path": str(path)}})).prompts == 2  # RL needs no label
+
+
+def test_the_toy_task_repeats_toy_digits_digits():
+    source = DataSource(DataSpec(num_prompts=8, toy_digits=3), seed=3)
+    for prompt in source.draw(8):
+        assert len(prompt.label) == 3 and prompt.label.isdigit() and prompt.text == f"{prompt.label}="
