@@ -444,11 +444,15 @@ class JobAgent:
         if not procs:
             return
         if graceful:
-            for proc in procs:
-                self.table.signal(proc, signal.SIGTERM)
+            # The lighthouse goes last: a trainer finishing its rollout still needs its quorum, and one
+            # whose lighthouse is gone retries it until the grace runs out and it is killed unsaved.
             deadline = time.monotonic() + self.spec.fault_tolerance.stop_grace_s
-            while time.monotonic() < deadline and any(self.table.alive(p) for p in procs):
-                await asyncio.sleep(0.1)
+            last = [p for p in procs if proc_spec(p.name).role is Role.LIGHTHOUSE]
+            for wave in ([p for p in procs if p not in last], last):
+                for proc in wave:
+                    self.table.signal(proc, signal.SIGTERM)
+                while time.monotonic() < deadline and any(self.table.alive(p) for p in wave):
+                    await asyncio.sleep(0.1)
         for proc in procs:
             self.table.signal(proc, signal.SIGKILL)
         # Reaped before they are reported stopped: a stopped job leaves no process, not even a zombie.
