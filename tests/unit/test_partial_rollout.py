@@ -121,8 +121,12 @@ def test_aborted_groups_wait_with_their_tokens_and_are_continued_first():
     assert len({g.prompt.index for g in second.groups}) == 4
 
 
-def test_every_group_is_trained_or_buffered_once_and_no_token_is_lost():
-    job = spec()
+@pytest.mark.parametrize(
+    "over_sampling, staleness",
+    [(8, 1), (12, 2)],  # twice the rollout's prompts at one version of lag, three times at two
+)
+def test_every_group_is_trained_or_buffered_once_and_no_token_is_lost(over_sampling, staleness):
+    job = spec(over_sampling_batch_size=over_sampling, max_staleness=staleness)
     tokenizer = load_tokenizer(job.model)
     router = FakeStreamingRouter(tokenizer)
     sampler = GroupSampler(job, tokenizer, router)
@@ -130,35 +134,16 @@ def test_every_group_is_trained_or_buffered_once_and_no_token_is_lost():
     for rollout_id in range(8):
         filled = fill(sampler, router, rollout_id)
         assert len(filled.groups) == 4  # every rollout full
+        # A continued group is never aborted again, and the oldest train first: nothing goes stale.
+        assert filled.dropped == [] and filled.metrics["rollout/stale_groups"] == 0
         aborted += filled.metrics["rollout/aborted_samples"]
         drawn += [p.index for p in filled.drawn]
         accounted += [g.prompt.index for g in filled.groups]
-        # A continued group is never aborted again, and the oldest train first: nothing goes stale.
-        assert filled.dropped == []
-        for group in filled.groups:
-            assert rollout_id - group.oldest_version <= job.rollout.max_staleness
+        assert all(rollout_id - group.oldest_version <= staleness for group in filled.groups)
     accounted += [g.prompt.index for g in sampler.buffer.groups]
     assert aborted > 0
     assert len(drawn) == len(set(drawn))
     assert sorted(accounted) == sorted(drawn)
-
-
-def test_every_group_trains_at_three_times_over_sampling_with_two_versions_of_lag():
-    job = spec(over_sampling_batch_size=12, max_staleness=2)
-    tokenizer = load_tokenizer(job.model)
-    router = FakeStreamingRouter(tokenizer)
-    sampler = GroupSampler(job, tokenizer, router)
-    drawn, accounted, aborted = [], [], 0
-    for rollout_id in range(8):
-        filled = fill(sampler, router, rollout_id)
-        assert len(filled.groups) == 4 and filled.dropped == []
-        assert filled.metrics["rollout/stale_groups"] == 0
-        aborted += filled.metrics["rollout/aborted_samples"]
-        drawn += [p.index for p in filled.drawn]
-        accounted += [g.prompt.index for g in filled.groups]
-        assert all(rollout_id - group.oldest_version <= 2 for group in filled.groups)
-    accounted += [g.prompt.index for g in sampler.buffer.groups]
-    assert aborted > 0 and len(drawn) == len(set(drawn)) and sorted(accounted) == sorted(drawn)
 
 
 def finished_group(index: int, version: int) -> Group:
