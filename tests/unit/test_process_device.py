@@ -30,10 +30,19 @@ def test_a_gpu_process_reads_its_slots_back(monkeypatch):
     assert device.assigned() == ProcessDevice(DeviceKind.CUDA, (4, 5))
 
 
-@pytest.mark.skipif(torch.version.cuda is not None, reason="checks the error of a torch built without CUDA")
-def test_a_gpu_slot_and_a_torch_without_cuda_is_the_wrong_device():
+def test_a_gpu_slot_and_a_torch_without_cuda_is_the_wrong_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)  # as in the CPU build of torch
     with pytest.raises(WrongDevice, match=r"GPU slot\(s\) \[3\].*no CUDA device.*built without CUDA"):
         device.activate(ProcessDevice(DeviceKind.CUDA, (3,)))
+
+
+def test_a_cuda_build_that_sees_no_gpu_is_a_crash_not_the_wrong_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a driver or device fault a restart may get past
+    with pytest.raises(RuntimeError, match=r"no CUDA device.*built for CUDA 12.8") as raised:
+        device.activate(ProcessDevice(DeviceKind.CUDA, (3,)))
+    assert not isinstance(raised.value, WrongDevice)
 
 
 def test_bf16_is_megatrons_autocast_over_fp32_parameters():
