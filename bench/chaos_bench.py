@@ -29,20 +29,27 @@ def show(value: float | None) -> str:
 
 def main() -> None:
     paths = [Path(p) for p in sys.argv[1:]] or sorted((REPO / "chaos" / "scenarios").glob("*.yaml"))
-    print("| scenario | passed | ETTR | fault-free (s) | with faults (s) | fault | detected (s) | next rollout (s) | lost (s) | steps redone |")
+    print(
+        "| scenario | passed | ETTR | fault-free (s) | with faults (s) | fault | detected (s) | next rollout (s) | lost (s) | steps redone |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
         scenario = load_scenario(path)
         result = run_scenario(scenario, REPO / "runs" / "chaos-bench" / scenario.name)
-        head = (f"| {scenario.name} | {'yes' if result.passed else 'NO'} | {result.ettr:.3f} | "
-                f"{result.reference_wall_s:.1f} | {result.faulty_wall_s:.1f} |")  # fmt: skip
+        head = (
+            f"| {scenario.name} | {'yes' if result.passed else 'NO'} | {result.ettr:.3f} | "
+            f"{result.reference_wall_s:.1f} | {result.faulty_wall_s:.1f} |"
+        )
         for index, fault in enumerate(result.faults or [None]):
             prefix = head if index == 0 else "| | | | | |"
             if fault is None:
                 print(f"{prefix} {result.error} | | | | |")
                 continue
-            print(f"{prefix} {fault.kind} {fault.target} | {show(fault.detection_s)} | {show(fault.progress_s)} | "
-                  f"{fault.time_lost_s:.2f} | {fault.steps_redone} |", flush=True)  # fmt: skip
+            print(
+                f"{prefix} {fault.kind} {fault.target} | {show(fault.detection_s)} | {show(fault.progress_s)} | "
+                f"{fault.time_lost_s:.2f} | {fault.steps_redone} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

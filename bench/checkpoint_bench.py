@@ -36,18 +36,41 @@ from harness import SPEC, erl, job_status, running_daemon  # noqa: E402
 MODELS = {
     "tiny": [],
     "50m": [
-        "--set", "model.hidden_size=512", "--set", "model.num_layers=12", "--set", "model.num_attention_heads=8",
-        "--set", "model.num_query_groups=4", "--set", "model.ffn_hidden_size=2048",
-        "--set", "rollout.prompts_per_rollout=8", "--set", "trainer.global_batch_size=128",
-        "--set", "trainer.micro_batch_size=32",
+        "--set",
+        "model.hidden_size=512",
+        "--set",
+        "model.num_layers=12",
+        "--set",
+        "model.num_attention_heads=8",
+        "--set",
+        "model.num_query_groups=4",
+        "--set",
+        "model.ffn_hidden_size=2048",
+        "--set",
+        "rollout.prompts_per_rollout=8",
+        "--set",
+        "trainer.global_batch_size=128",
+        "--set",
+        "trainer.micro_batch_size=32",
     ],
-}  # fmt: skip
+}
 
 
 def run(model: str, rollouts: int, kill_at: int, root: Path, endpoint: str) -> dict[str, float]:
     workdir = root / model
-    erl("submit", str(SPEC), *MODELS[model], "--set", f"rollout.num_rollouts={rollouts}",
-        "--set", "checkpoints.interval_rollouts=1", "--workdir", str(workdir), "--etcd", endpoint)  # fmt: skip
+    erl(
+        "submit",
+        str(SPEC),
+        *MODELS[model],
+        "--set",
+        f"rollout.num_rollouts={rollouts}",
+        "--set",
+        "checkpoints.interval_rollouts=1",
+        "--workdir",
+        str(workdir),
+        "--etcd",
+        endpoint,
+    )
     killed = False
     while (info := job_status(endpoint))["status"]["phase"] in ("pending", "running"):
         if not killed and info["progress"].get("rollouts_done", 0) >= kill_at:

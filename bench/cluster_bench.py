@@ -37,8 +37,13 @@ from chaos.topology import Topology  # noqa: E402
 
 SPEC = REPO / "examples" / "tiny-grpo.yaml"
 TTL_S = 4
-JOB = ["rollout.num_rollouts=60", "trainer.replicas=2", "fault_tolerance.warm_spares=1", "checkpoints.keep_last=1000",
-       "fault_tolerance.quorum_timeout_s=20"]  # fmt: skip
+JOB = [
+    "rollout.num_rollouts=60",
+    "trainer.replicas=2",
+    "fault_tolerance.warm_spares=1",
+    "checkpoints.keep_last=1000",
+    "fault_tolerance.quorum_timeout_s=20",
+]
 
 
 def events(workdir: Path) -> list[dict]:
@@ -46,7 +51,11 @@ def events(workdir: Path) -> list[dict]:
 
 
 def first(found: list[dict], after: float, kinds: tuple[str, ...], proc: str | None = None) -> float | None:
-    times = [e["time"] for e in found if e["time"] >= after and e["kind"] in kinds and (proc is None or e.get("proc") == proc)]
+    times = [
+        e["time"]
+        for e in found
+        if e["time"] >= after and e["kind"] in kinds and (proc is None or e.get("proc") == proc)
+    ]
     return min(times) if times else None
 
 
@@ -68,7 +77,11 @@ def main() -> None:
         # A process exit: an engine on the leader's node, then one elsewhere.
         exits = {}
         for where in ("leader's node", "another node"):
-            engine = next(n for n, p in procs.items() if n.startswith("engine") and (p["node"] == leader) == (where == "leader's node"))
+            engine = next(
+                n
+                for n, p in procs.items()
+                if n.startswith("engine") and (p["node"] == leader) == (where == "leader's node")
+            )
             killed = time.time()
             os.kill(procs[engine]["pid"], signal.SIGKILL)
             while first(found := events(workdir), killed, ("engine_serving",), engine) is None:
@@ -104,12 +117,18 @@ def main() -> None:
         found = events(workdir)
         placed = first(found, killed, ("replica_moved", "engine_moved", "spare_moved", "spare_promoted"))
         started = max((first(found, placed, ("proc_started",), p) or placed) for p in moved)
-        ready = max(first(found, placed, ("replica_healed", "trainer_resumed", "engine_serving"), p) or started for p in moved)
+        ready = max(
+            first(found, placed, ("replica_healed", "trainer_resumed", "engine_serving"), p) or started for p in moved
+        )
         node = {
-            "node": victim, "processes": moved, "detected_and_placed_s": placed - killed, "ttl_s": TTL_S,
-            "started_s": started - placed, "ready_s": ready - started,
+            "node": victim,
+            "processes": moved,
+            "detected_and_placed_s": placed - killed,
+            "ttl_s": TTL_S,
+            "started_s": started - placed,
+            "ready_s": ready - started,
             "total_s": ready - killed,
-        }  # fmt: skip
+        }
 
         # The leader's erld dies and stays dead.
         leader = cluster.leader()

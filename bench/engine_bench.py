@@ -50,9 +50,16 @@ def hf_generate(prompts: list[list[int]], new_tokens: int, threads: int) -> floa
     started = time.monotonic()
     with torch.inference_mode():
         out = model.generate(
-            input_ids=tokens, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
-        )  # fmt: skip
+            input_ids=tokens,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=0,
+        )
     elapsed = time.monotonic() - started
     assert out.shape[1] - width == new_tokens
     return len(prompts) * new_tokens / elapsed
@@ -65,13 +72,22 @@ def peak_rss_mib(pid: int) -> float:
     raise RuntimeError("no VmHWM")
 
 
-async def engine_run(prompts: list[list[int]], new_tokens: int, threads: int, deterministic: bool) -> tuple[float, float]:
+async def engine_run(
+    prompts: list[list[int]], new_tokens: int, threads: int, deterministic: bool
+) -> tuple[float, float]:
     """(tokens/s, peak RSS in MiB) of one cpu engine serving every prompt concurrently."""
     port = free_port()
     command = [
-        sys.executable, "-m", "elastic_rl.engines.cpu_server", "--model-path", str(SMOLLM2),
-        "--port", str(port), "--threads", str(threads),
-    ] + (["--enable-deterministic-inference"] if deterministic else [])  # fmt: skip
+        sys.executable,
+        "-m",
+        "elastic_rl.engines.cpu_server",
+        "--model-path",
+        str(SMOLLM2),
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+    ] + (["--enable-deterministic-inference"] if deterministic else [])
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
     try:
         client = EngineClient(url(port))
@@ -98,8 +114,10 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(str(SMOLLM2))
     prompts = prompt_ids(tokenizer, args.prompts)
-    print(f"SmolLM2-135M-Instruct, {args.prompts} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} "
-          f"tokens) x {args.new_tokens} new tokens, sampling at temperature 1, {args.threads} torch thread(s)")
+    print(
+        f"SmolLM2-135M-Instruct, {args.prompts} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} "
+        f"tokens) x {args.new_tokens} new tokens, sampling at temperature 1, {args.threads} torch thread(s)"
+    )
     hf = hf_generate(prompts, args.new_tokens, args.threads)
     print(f"transformers generate:            {hf:7.1f} tokens/s")
     for deterministic in (False, True):

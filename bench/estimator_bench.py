@@ -42,17 +42,39 @@ def main() -> None:
     with running_daemon(root, cpu_devices=4) as endpoint:
         for estimator in ESTIMATORS:
             name, workdir = f"tiny-{estimator.replace('_', '-')}", root / estimator
-            erl("submit", str(SPEC), "--set", f"name={name}", "--set", f"rollout.num_rollouts={args.rollouts}",
-                "--set", f"data.toy_digits={args.digits}", "--set", f"rollout.max_new_tokens={args.digits}",
-                "--set", f"algorithm.advantage_estimator={estimator}", "--workdir", str(workdir), "--etcd", endpoint)  # fmt: skip
+            erl(
+                "submit",
+                str(SPEC),
+                "--set",
+                f"name={name}",
+                "--set",
+                f"rollout.num_rollouts={args.rollouts}",
+                "--set",
+                f"data.toy_digits={args.digits}",
+                "--set",
+                f"rollout.max_new_tokens={args.digits}",
+                "--set",
+                f"algorithm.advantage_estimator={estimator}",
+                "--workdir",
+                str(workdir),
+                "--etcd",
+                endpoint,
+            )
             while (phase := job_status(endpoint, name)["status"]["phase"]) not in ("succeeded", "failed"):
                 time.sleep(1)
             assert phase == "succeeded", job_status(endpoint, name)
-            rewards = [orjson.loads(line)["rollout/reward_mean"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-            reached = [next((str(i) for i, reward in enumerate(rewards) if reward >= target), "not reached")
-                       for target in TARGETS]  # fmt: skip
-            print(f"| {estimator} | {' | '.join(reached)} | {mean(rewards[:5]):.3f} | {mean(rewards[-5:]):.3f} |",
-                  flush=True)
+            rewards = [
+                orjson.loads(line)["rollout/reward_mean"]
+                for line in (workdir / "metrics.jsonl").read_text().splitlines()
+            ]
+            reached = [
+                next((str(i) for i, reward in enumerate(rewards) if reward >= target), "not reached")
+                for target in TARGETS
+            ]
+            print(
+                f"| {estimator} | {' | '.join(reached)} | {mean(rewards[:5]):.3f} | {mean(rewards[-5:]):.3f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

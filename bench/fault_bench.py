@@ -41,12 +41,27 @@ HEARTBEAT_TIMEOUT_S = 1.0  # the spec default
 HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S = 1.0, 3.0  # the spec defaults
 
 
-def run(root: Path, endpoint: str, name: str, warm_spares: int, faults: list[tuple[str, int, int]]) -> tuple[Path, dict]:
+def run(
+    root: Path, endpoint: str, name: str, warm_spares: int, faults: list[tuple[str, int, int]]
+) -> tuple[Path, dict]:
     """Run the job, sending each (process, signal, rollout) fault; return the work dir and fault times."""
     workdir = root / name
-    erl("submit", str(SPEC), "--set", "rollout.num_rollouts=24", "--set", "trainer.replicas=2",
-        "--set", f"fault_tolerance.warm_spares={warm_spares}", "--set", "checkpoints.interval_rollouts=4",
-        "--workdir", str(workdir), "--etcd", endpoint)  # fmt: skip
+    erl(
+        "submit",
+        str(SPEC),
+        "--set",
+        "rollout.num_rollouts=24",
+        "--set",
+        "trainer.replicas=2",
+        "--set",
+        f"fault_tolerance.warm_spares={warm_spares}",
+        "--set",
+        "checkpoints.interval_rollouts=4",
+        "--workdir",
+        str(workdir),
+        "--etcd",
+        endpoint,
+    )
     pending, sent = list(faults), {}
     while (info := job_status(endpoint))["status"]["phase"] in ("pending", "running"):
         if pending and info["progress"].get("rollouts_done", 0) >= pending[0][2]:
@@ -75,9 +90,10 @@ def survivor_stalls(workdir: Path, kills: list[float]) -> list[float]:
 def rejoins(workdir: Path) -> list[dict[str, float]]:
     """For each replica-1 death: noticed -> ready (asks for a quorum) -> joined (in a quorum, healed if behind)."""
     deaths = [
-        e["time"] for e in events(workdir)
+        e["time"]
+        for e in events(workdir)
         if e["kind"] == "proc_exited" and e["proc"] == "trainer-1-0" and e["exit_code"] < 0  # the SIGKILLs
-    ]  # fmt: skip
+    ]
     asked, joined = [], []
     for log in sorted((workdir / "logs").glob("*.log")):
         if log.name.startswith(("trainer-1-", "spare-")):
@@ -98,10 +114,13 @@ def engine_recovery(workdir: Path, sent: dict[str, float]) -> dict[str, float]:
         if not proc.startswith("engine"):
             continue
         verdict = min(
-            e["time"] for e in found
+            e["time"]
+            for e in found
             if e.get("proc") == proc and e["kind"] in ("engine_unhealthy", "proc_exited") and e["time"] >= moment
-        )  # fmt: skip
-        serving = min(e["time"] for e in found if e.get("proc") == proc and e["kind"] == "engine_serving" and e["time"] >= moment)
+        )
+        serving = min(
+            e["time"] for e in found if e.get("proc") == proc and e["kind"] == "engine_serving" and e["time"] >= moment
+        )
         result[f"{proc}_detect_s"] = verdict - moment
         result[f"{proc}_serving_s"] = serving - moment
     return result
@@ -110,10 +129,17 @@ def engine_recovery(workdir: Path, sent: dict[str, float]) -> dict[str, float]:
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     root = Path(tempfile.mkdtemp(prefix="erl-fault-bench-"))
-    faults = [("trainer-1-0", signal.SIGKILL, 4), ("engine-0", signal.SIGSTOP, 9),
-              ("trainer-1-0", signal.SIGKILL, 14), ("engine-1", signal.SIGKILL, 19)]  # fmt: skip
+    faults = [
+        ("trainer-1-0", signal.SIGKILL, 4),
+        ("engine-0", signal.SIGSTOP, 9),
+        ("trainer-1-0", signal.SIGKILL, 14),
+        ("engine-1", signal.SIGKILL, 19),
+    ]
     with running_daemon(root, cpu_devices=6) as endpoint:
-        for name, spares, schedule in (("cold", 0, faults), ("warm", 1, [f for f in faults if f[0].startswith("trainer")])):
+        for name, spares, schedule in (
+            ("cold", 0, faults),
+            ("warm", 1, [f for f in faults if f[0].startswith("trainer")]),
+        ):
             workdir, sent = run(root, endpoint, name, spares, schedule)
             step = median(
                 orjson.loads(line)["train/step_time"] for line in (workdir / "metrics.jsonl").read_text().splitlines()

@@ -45,7 +45,11 @@ def main() -> None:
         for rows_of_step in torch.arange(batch.size).split(step):
             steps += 1
             fixed = fixed_micro_batches(rows_of_step, size)
-            record(f"{size} samples, padded to the batch's width", padding_fraction(fixed, lengths, batch.tokens.shape[1]), len(fixed))
+            record(
+                f"{size} samples, padded to the batch's width",
+                padding_fraction(fixed, lengths, batch.tokens.shape[1]),
+                len(fixed),
+            )
             record(f"{size} samples, padded to their longest", padding_fraction(fixed, lengths), len(fixed))
             for budget in budgets:
                 grouped = token_budget_micro_batches(rows_of_step, lengths, budget)

@@ -60,7 +60,9 @@ def tokens(workdir: Path) -> tuple[float, int, int]:
 
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="erl-partial-rollout-bench-"))
-    print("| variant | generation s per rollout | s between trained rollouts | tokens generated | trained | still buffered | never trained |")
+    print(
+        "| variant | generation s per rollout | s between trained rollouts | tokens generated | trained | still buffered | never trained |"
+    )
     print("|---|---|---|---|---|---|---|")
     with running_daemon(root, cpu_devices=4) as endpoint:
         for number, (variant, overrides) in enumerate(VARIANTS.items()):
@@ -75,8 +77,11 @@ def main() -> None:
             gap = (lines[-1]["time"] - lines[2]["time"]) / (len(lines) - 3)
             generated, trained, buffered = tokens(workdir)
             never = generated - trained - buffered
-            print(f"| {variant} | {generation:.3f} | {gap:.2f} | {generated:.0f} | {trained} | {buffered} | "
-                  f"{never:.0f} ({never / generated:.1%}) |", flush=True)  # fmt: skip
+            print(
+                f"| {variant} | {generation:.3f} | {gap:.2f} | {generated:.0f} | {trained} | {buffered} | "
+                f"{never:.0f} ({never / generated:.1%}) |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -33,13 +33,17 @@ VARIANTS = {
 
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="erl-rollout-modes-bench-"))
-    print("| variant | s per rollout | against sync | samples generated per sample trained | generated, never trained |")
+    print(
+        "| variant | s per rollout | against sync | samples generated per sample trained | generated, never trained |"
+    )
     print("|---|---|---|---|---|")
     sync_gap = None
     with running_daemon(root, cpu_devices=4) as endpoint:
         for number, (variant, overrides) in enumerate(VARIANTS.items()):
             name, workdir = f"tiny-{number}", root / str(number)
-            sets = [arg for o in [f"name={name}", f"rollout.num_rollouts={ROLLOUTS}", *overrides] for arg in ("--set", o)]
+            sets = [
+                arg for o in [f"name={name}", f"rollout.num_rollouts={ROLLOUTS}", *overrides] for arg in ("--set", o)
+            ]
             erl("submit", str(SPEC), *sets, "--workdir", str(workdir), "--etcd", endpoint)
             while (phase := job_status(endpoint, name)["status"]["phase"]) not in ("succeeded", "failed"):
                 time.sleep(1)
@@ -49,9 +53,15 @@ def main() -> None:
             sync_gap = sync_gap or gap
             generated = sum(line["rollout/samples_generated"] for line in lines)
             used = sum(line["rollout/samples_used"] for line in lines)
-            left = lines[-1]["rollout/buffered_groups"] * orjson.loads((workdir / "spec.json").read_bytes())["rollout"]["n_samples_per_prompt"]
-            print(f"| {variant} | {gap:.2f} | {gap / sync_gap:.2f} | {generated / used:.2f} | "
-                  f"{(generated - used) / generated:.1%} ({left:.0f} still buffered) |", flush=True)  # fmt: skip
+            left = (
+                lines[-1]["rollout/buffered_groups"]
+                * orjson.loads((workdir / "spec.json").read_bytes())["rollout"]["n_samples_per_prompt"]
+            )
+            print(
+                f"| {variant} | {gap:.2f} | {gap / sync_gap:.2f} | {generated / used:.2f} | "
+                f"{(generated - used) / generated:.1%} ({left:.0f} still buffered) |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,17 @@ def run(root: Path, minutes: float, overrides: list[str]) -> Path:
     workdir = root / "job"
     sets = [arg for override in overrides for arg in ("--set", override)]
     with running_daemon(root, cpu_devices=4) as endpoint:
-        erl("submit", str(SPEC), "--set", "rollout.num_rollouts=10000", *sets, "--workdir", str(workdir),
-            "--etcd", endpoint)  # fmt: skip
+        erl(
+            "submit",
+            str(SPEC),
+            "--set",
+            "rollout.num_rollouts=10000",
+            *sets,
+            "--workdir",
+            str(workdir),
+            "--etcd",
+            endpoint,
+        )
         deadline = time.monotonic() + minutes * 60
         while time.monotonic() < deadline:
             phase = job_status(endpoint, JOB)["status"]["phase"]
@@ -53,12 +62,16 @@ def report(workdir: Path) -> None:
     started = orjson.loads((workdir / "events.jsonl").read_text().splitlines()[0])["time"]
     print("rollout  minutes  reward  response_len")
     for line in lines:
-        print(f"{line['rollout']:7d}  {(line['time'] - started) / 60:7.1f}  {line['rollout/reward_mean']:6.3f}  "
-              f"{line['rollout/response_length_mean']:12.1f}")  # fmt: skip
+        print(
+            f"{line['rollout']:7d}  {(line['time'] - started) / 60:7.1f}  {line['rollout/reward_mean']:6.3f}  "
+            f"{line['rollout/response_length_mean']:12.1f}"
+        )
     rewards = [line["rollout/reward_mean"] for line in lines]
     first, last = mean(rewards[:WINDOW]), mean(rewards[-WINDOW:])
-    print(f"\n{len(lines)} rollouts; mean reward of the first {WINDOW}: {first:.3f}, of the last {WINDOW}: {last:.3f} "
-          f"(rise {last - first:+.3f}; target +0.2)")
+    print(
+        f"\n{len(lines)} rollouts; mean reward of the first {WINDOW}: {first:.3f}, of the last {WINDOW}: {last:.3f} "
+        f"(rise {last - first:+.3f}; target +0.2)"
+    )
 
     def average(key: str) -> float:
         return mean(line.get(key, 0.0) for line in lines)
@@ -75,11 +88,15 @@ def report(workdir: Path) -> None:
     stall = [line["train/snapshot_call_time"] + line["train/snapshot_gate_time"] for line in snapshots]
     step = mean(line["train/step_time"] for line in lines)
     if stall:
-        print(f"snapshot stall: {mean(stall) * 1000:.1f} ms per snapshot over {len(stall)} snapshots = "
-              f"{mean(stall) / step:.2%} of a {step:.1f} s optimizer step (target < 2 %)")
+        print(
+            f"snapshot stall: {mean(stall) * 1000:.1f} ms per snapshot over {len(stall)} snapshots = "
+            f"{mean(stall) / step:.2%} of a {step:.1f} s optimizer step (target < 2 %)"
+        )
     commit = mean(line["rollout/commit_time"] for line in lines if "rollout/commit_time" in line)
-    print(f"rollout commit: {commit * 1000:.1f} ms = {commit / parts['generation']:.2%} of a rollout's "
-          f"generation (target < 5 %)")
+    print(
+        f"rollout commit: {commit * 1000:.1f} ms = {commit / parts['generation']:.2%} of a rollout's "
+        f"generation (target < 5 %)"
+    )
 
 
 def main() -> None:

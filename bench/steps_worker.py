@@ -100,8 +100,12 @@ def run_torchrun(spec, workdir: Path, steps: int, snapshot_every: int) -> None:
         trainer.step(trainer.prepare(step, synthetic_batch(256, step)), 0)
         record(workdir, f"rank{rank}", step)
         if rank == 0 and (step + 1) % snapshot_every == 0:
-            state = {"model": model.state_dict(), "optim": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict(), "step": step + 1}  # fmt: skip
+            state = {
+                "model": model.state_dict(),
+                "optim": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "step": step + 1,
+            }
             buffer = workdir / "snapshot.tmp"
             torch.save(state, buffer)
             write_file_atomic(snapshot, buffer.read_bytes())
@@ -125,15 +129,30 @@ def run_torchft(spec, workdir: Path, steps: int, identity: str, lighthouse: str,
     (workdir / f"pid-replica{replica}").write_text(str(os.getpid()))
     timeout = timedelta(seconds=30)
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
-        load_state_dict=lambda s: (model.load_state_dict(s["model"]), optimizer.load_state_dict(s["optim"]),
-                                   scheduler.load_state_dict(s["scheduler"])),
-        state_dict=lambda: {"model": model.state_dict(), "optim": optimizer.state_dict(),
-                            "scheduler": scheduler.state_dict()},
-        replica_id=f"bench-replica{replica}", lighthouse_addr=lighthouse, hostname="127.0.0.1", rank=0, world_size=1,
-        use_async_quorum=False, init_sync=False, checkpoint_transport=LoopbackTransport(timeout),
-        timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
-    )  # fmt: skip
+        pg=ProcessGroupGloo(timeout=timeout),
+        min_replica_size=1,
+        load_state_dict=lambda s: (
+            model.load_state_dict(s["model"]),
+            optimizer.load_state_dict(s["optim"]),
+            scheduler.load_state_dict(s["scheduler"]),
+        ),
+        state_dict=lambda: {
+            "model": model.state_dict(),
+            "optim": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+        },
+        replica_id=f"bench-replica{replica}",
+        lighthouse_addr=lighthouse,
+        hostname="127.0.0.1",
+        rank=0,
+        world_size=1,
+        use_async_quorum=False,
+        init_sync=False,
+        checkpoint_transport=LoopbackTransport(timeout),
+        timeout=timeout,
+        quorum_timeout=timeout,
+        connect_timeout=timeout,
+    )
     trainer = GrpoTrainer(spec, model, optimizer, scheduler, manager, replica=replica)
     while manager.current_step() < steps:
         manager.start_quorum()

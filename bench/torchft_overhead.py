@@ -107,10 +107,20 @@ def measure(model: str, blocks: int, steps_per_block: int, lighthouse: str) -> d
     spec = load_spec(SPEC, MODELS[model])
     timeout = timedelta(seconds=30)
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, load_state_dict=lambda s: None,
-        state_dict=lambda: {}, replica_id=f"bench-{model}-0", lighthouse_addr=lighthouse, hostname="127.0.0.1",
-        rank=0, world_size=1, use_async_quorum=False, init_sync=False, timeout=timeout, quorum_timeout=timeout,
-    )  # fmt: skip
+        pg=ProcessGroupGloo(timeout=timeout),
+        min_replica_size=1,
+        load_state_dict=lambda s: None,
+        state_dict=lambda: {},
+        replica_id=f"bench-{model}-0",
+        lighthouse_addr=lighthouse,
+        hostname="127.0.0.1",
+        rank=0,
+        world_size=1,
+        use_async_quorum=False,
+        init_sync=False,
+        timeout=timeout,
+        quorum_timeout=timeout,
+    )
     trainers = {"torchft": trainer_for(spec, manager), "no_quorum": trainer_for(spec, NoQuorum())}
     batch = synthetic_batch(spec.rollout.samples_per_rollout, spec.seed)
     contexts = {name: trainer.prepare(0, batch) for name, trainer in trainers.items()}
@@ -138,10 +148,21 @@ def main() -> None:
     init_model_parallel(1, 1234)
     port = free_port()
     lighthouse = subprocess.Popen(
-        [str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas", "1",
-         "--bind", f"127.0.0.1:{port}", "--join_timeout_ms", "100", "--heartbeat_timeout_ms", "1000"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            str(Path(sys.executable).parent / "torchft_lighthouse"),
+            "--min_replicas",
+            "1",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--join_timeout_ms",
+            "100",
+            "--heartbeat_timeout_ms",
+            "1000",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(1)
         for model in MODELS:

@@ -66,12 +66,31 @@ def run_torchrun(workdir: Path, steps: int, snapshot_every: int, kills: list[int
     workdir.mkdir(parents=True)
     started = time.monotonic()
     agent = subprocess.Popen(
-        [str(Path(sys.executable).parent / "torchrun"), "--nnodes", "1", "--nproc-per-node", "2",
-         "--max-restarts", str(len(kills) + 1), "--rdzv-backend", "c10d",
-         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "0.1",
-         str(WORKER), "torchrun", str(workdir), str(steps), str(snapshot_every)],
-        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            str(Path(sys.executable).parent / "torchrun"),
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            str(len(kills) + 1),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{free_port()}",
+            "--monitor-interval",
+            "0.1",
+            str(WORKER),
+            "torchrun",
+            str(workdir),
+            str(steps),
+            str(snapshot_every),
+        ],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     kill_on_schedule(workdir, "rank0", "pid-1", kills)
     assert agent.wait(timeout=600) == 0, "torchrun failed"
     return time.monotonic() - started
@@ -81,18 +100,38 @@ def run_torchft(workdir: Path, steps: int, kills: list[int], heartbeat_timeout_m
     workdir.mkdir(parents=True)
     lighthouse_port = free_port()
     lighthouse = subprocess.Popen(
-        [str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas", "1",
-         "--bind", f"127.0.0.1:{lighthouse_port}", "--join_timeout_ms", "100", "--heartbeat_timeout_ms", str(heartbeat_timeout_ms)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            str(Path(sys.executable).parent / "torchft_lighthouse"),
+            "--min_replicas",
+            "1",
+            "--bind",
+            f"127.0.0.1:{lighthouse_port}",
+            "--join_timeout_ms",
+            "100",
+            "--heartbeat_timeout_ms",
+            str(heartbeat_timeout_ms),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
     def replica(identity: str) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, str(WORKER), "torchft", str(workdir), str(steps), identity,
-             f"http://127.0.0.1:{lighthouse_port}", str(free_port())],
-            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
-            stdout=open(workdir / f"{identity}.log", "ab"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(WORKER),
+                "torchft",
+                str(workdir),
+                str(steps),
+                identity,
+                f"http://127.0.0.1:{lighthouse_port}",
+                str(free_port()),
+            ],
+            cwd=REPO,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=open(workdir / f"{identity}.log", "ab"),
+            stderr=subprocess.STDOUT,
+        )
 
     spares = iter(range(len(kills) + 1))
 
@@ -142,22 +181,26 @@ def main() -> None:
         ),
     }
     recovered = {
-        "torchrun": recoveries(root / "tr-faulty", "rank0"), "elastic_rl": recoveries(root / "ft-faulty", "replica0"),
-    }  # fmt: skip
+        "torchrun": recoveries(root / "tr-faulty", "rank0"),
+        "elastic_rl": recoveries(root / "ft-faulty", "replica0"),
+    }
     kills = len(args.kills)
     lost_torchrun = (times["torchrun_faulty_s"] - times["torchrun_clean_s"]) / kills
     lost_torchft = (times["torchft_faulty_s"] - times["torchft_clean_s"]) / kills
     report = {
         **{k: round(v, 2) for k, v in times.items()},
-        "steps": args.steps, "snapshot_every": args.snapshot_every, "kills_at": args.kills,
-        "heartbeat_timeout_ms": args.heartbeat_timeout_ms, "warm_spare": args.warm_spare,
+        "steps": args.steps,
+        "snapshot_every": args.snapshot_every,
+        "kills_at": args.kills,
+        "heartbeat_timeout_ms": args.heartbeat_timeout_ms,
+        "warm_spare": args.warm_spare,
         "lost_per_kill_torchrun_s": round(lost_torchrun, 2),
         "lost_per_kill_elastic_rl_s": round(lost_torchft, 2),
         "ratio": round(lost_torchft / lost_torchrun, 3),
         "recovery_per_kill_torchrun_s": [round(r, 2) for r in recovered["torchrun"]],
         "recovery_per_kill_elastic_rl_s": [round(r, 2) for r in recovered["elastic_rl"]],
         "recovery_ratio": round(sum(recovered["elastic_rl"]) / sum(recovered["torchrun"]), 3),
-    }  # fmt: skip
+    }
     print(orjson.dumps(report).decode(), flush=True)
 
 

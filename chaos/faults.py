@@ -107,7 +107,11 @@ def inject(fault: Fault, topology: Topology, status: dict, workdir: Path, rng: r
         return Injection(kind.value, name, now, pid, proc.get("node"), proc.get("device"), now + fault.duration_s)
     if kind is FaultKind.KILL_DEVICE:
         node, device = _device_of(status, fault.target, rng)
-        on_it = [p["pid"] for p in status["procs"].values() if p.get("node") == node and p.get("device") == device and p.get("pid")]
+        on_it = [
+            p["pid"]
+            for p in status["procs"].values()
+            if p.get("node") == node and p.get("device") == device and p.get("pid")
+        ]
         if not on_it:
             raise NoTarget(f"no process runs on device {device} of node {node}")
         asyncio.run(_fail_device(topology.endpoint, node, device, fault.duration_s))
@@ -129,7 +133,9 @@ def inject(fault: Fault, topology: Topology, status: dict, workdir: Path, rng: r
         snapshot = newest_valid_snapshot(workdir)
         if snapshot is None:
             raise NoTarget("no committed snapshot to corrupt yet")
-        data = max((p for p in snapshot.path.rglob("*") if p.is_file() and p.suffix != ".json"), key=lambda p: p.stat().st_size)
+        data = max(
+            (p for p in snapshot.path.rglob("*") if p.is_file() and p.suffix != ".json"), key=lambda p: p.stat().st_size
+        )
         with open(data, "r+b") as handle:
             handle.seek(data.stat().st_size // 2)
             chunk = handle.read(64)
@@ -156,7 +162,9 @@ def _device_of(status: dict, target, rng: random.Random) -> tuple[str, int]:
     if isinstance(target, str) and "/" in target:
         node, slot = target.split("/")
         return node, int(slot)
-    _, proc = _pick_process({"procs": {n: p for n, p in status["procs"].items() if p.get("device") is not None}}, target, rng)
+    _, proc = _pick_process(
+        {"procs": {n: p for n, p in status["procs"].items() if p.get("device") is not None}}, target, rng
+    )
     return proc["node"], proc["device"]
 
 

@@ -102,9 +102,15 @@ def _run(scenario: ChaosScenario, root: Path, faulty: bool) -> tuple[JobRun, Pat
     try:
         with make_topology(scenario, root / "machines", environment) as topology:
             run = run_job(
-                topology, scenario.job, workdir, scenario.overrides + KEEP_EVERYTHING, faults,
-                rng=rng if faulty else None, timeout_s=scenario.timeout_s, expect=("succeeded", "failed", "stopped"),
-            )  # fmt: skip
+                topology,
+                scenario.job,
+                workdir,
+                scenario.overrides + KEEP_EVERYTHING,
+                faults,
+                rng=rng if faulty else None,
+                timeout_s=scenario.timeout_s,
+                expect=("succeeded", "failed", "stopped"),
+            )
     finally:
         if mounted:
             # What the run wrote outlives the tmpfs: the checks and the report read it afterwards.
@@ -118,7 +124,9 @@ def _run(scenario: ChaosScenario, root: Path, faulty: bool) -> tuple[JobRun, Pat
 
 def _mount_tmpfs(folder: Path, size_mb: int) -> bool:
     folder.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(folder)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(folder)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         raise NoTarget(f"cannot mount a tmpfs for the work dir ({mounted.stderr.strip()}); fill_disk needs root")
     return True

@@ -117,7 +117,9 @@ def check_rollouts_applied_once(run: Path, spec: JobSpec) -> Check:
     known = [w for w in writers if w is not None]
     if known != sorted(known):
         return Check("every committed rollout applied once", False, f"writer generations go back: {writers}")
-    return Check("every committed rollout applied once", True, f"{len(expected)} rollouts, each committed and trained once")
+    return Check(
+        "every committed rollout applied once", True, f"{len(expected)} rollouts, each committed and trained once"
+    )
 
 
 def _snapshot_last_rollout(run: Path, step: int) -> int:
@@ -134,7 +136,9 @@ def check_whole_batches(run: Path, spec: JobSpec) -> Check:
     if short:
         return Check("every committed step used its whole global batch", False, f"(rollout, samples a step): {short}")
     return Check(
-        "every committed step used its whole global batch", True, f"{spec.trainer.global_batch_size} samples in every step"
+        "every committed step used its whole global batch",
+        True,
+        f"{spec.trainer.global_batch_size} samples in every step",
     )
 
 
@@ -145,13 +149,17 @@ def check_snapshots(run: Path, events: list[dict]) -> Check:
     if bad:
         return Check("every snapshot valid or ignored", False, f"resumed from invalid snapshots {bad}")
     skipped = sum(1 for e in events if e["kind"] == "snapshot_skipped")
-    return Check("every snapshot valid or ignored", True, f"{len(resumed)} resumes, all from valid snapshots; {skipped} skipped")
+    return Check(
+        "every snapshot valid or ignored", True, f"{len(resumed)} resumes, all from valid snapshots; {skipped} skipped"
+    )
 
 
 def check_weights(run: Path, reference: Path, spec: JobSpec, tolerance: float | None) -> Check:
     if tolerance is None:
         quarantined = sorted(layout.quarantined_rollouts(run))
-        return Check("final weights equal the reference's", True, f"not compared by design; quarantined rollouts {quarantined}")
+        return Check(
+            "final weights equal the reference's", True, f"not compared by design; quarantined rollouts {quarantined}"
+        )
     version = spec.rollout.num_rollouts
     mine = load_file(str(layout.weights_dir(run, version) / "model.safetensors"))
     theirs = load_file(str(layout.weights_dir(reference, version) / "model.safetensors"))
@@ -162,8 +170,16 @@ def check_weights(run: Path, reference: Path, spec: JobSpec, tolerance: float | 
         scale = theirs[name].abs().max().clamp_min(1e-12)
         worst = max(worst, ((mine[name] - theirs[name]).abs().max() / scale).item())
     if tolerance == 0:
-        return Check("final weights equal the reference's", worst == 0, "bitwise equal" if worst == 0 else f"relative error {worst:.2e}")
-    return Check("final weights equal the reference's", worst <= tolerance, f"relative error {worst:.2e} (tolerance {tolerance:g})")
+        return Check(
+            "final weights equal the reference's",
+            worst == 0,
+            "bitwise equal" if worst == 0 else f"relative error {worst:.2e}",
+        )
+    return Check(
+        "final weights equal the reference's",
+        worst <= tolerance,
+        f"relative error {worst:.2e} (tolerance {tolerance:g})",
+    )
 
 
 def check_staleness(run: Path, spec: JobSpec) -> Check:

@@ -33,10 +33,21 @@ if TYPE_CHECKING:
     from chaos.harness import ScenarioResult
 
 DETECTIONS = (
-    "proc_exited", "engine_unhealthy", "quorum_changed", "nan_step_skipped", "device_quarantined",
-    "snapshot_skipped", "spare_promoted", "replica_moved", "engine_moved", "services_moved", "spare_moved",
-    "job_adopted", "trainer_rollback", "snapshot_failed",
-)  # fmt: skip
+    "proc_exited",
+    "engine_unhealthy",
+    "quorum_changed",
+    "nan_step_skipped",
+    "device_quarantined",
+    "snapshot_skipped",
+    "spare_promoted",
+    "replica_moved",
+    "engine_moved",
+    "services_moved",
+    "spare_moved",
+    "job_adopted",
+    "trainer_rollback",
+    "snapshot_failed",
+)
 
 
 @dataclass
@@ -73,13 +84,22 @@ def analyse_faults(run: JobRun, workdir: Path, reference: Path) -> list[FaultRep
         last = before[-1]["time"] if before else started
         time_lost = max(0.0, (after["time"] - last) - usual) if after is not None else 0.0
         done_at_fault = (before[-1]["rollout"] + 1) * steps_per_rollout if before else 0
-        redone = sum(max(0, done_at_fault - e["step"]) for e in events if e["kind"] == "trainer_resumed" and e["time"] >= moment)
+        redone = sum(
+            max(0, done_at_fault - e["step"]) for e in events if e["kind"] == "trainer_resumed" and e["time"] >= moment
+        )
         redone += sum(1 for e in events if e["kind"] == "nan_step_skipped" and e["time"] >= moment)
-        reports.append(FaultReport(
-            injection.kind, injection.target, round(moment - started, 3),
-            None if seen is None else round(seen - moment, 3), None if progress is None else round(progress, 3),
-            round(time_lost, 3), redone, lost,
-        ))  # fmt: skip
+        reports.append(
+            FaultReport(
+                injection.kind,
+                injection.target,
+                round(moment - started, 3),
+                None if seen is None else round(seen - moment, 3),
+                None if progress is None else round(progress, 3),
+                round(time_lost, 3),
+                redone,
+                lost,
+            )
+        )
     return reports
 
 
@@ -155,9 +175,14 @@ def timeline(workdir: Path, result: ScenarioResult, out: Path) -> None:
             if fault.progress_s is not None:
                 axis.axvspan(at, at + fault.progress_s / 60, color="tab:red", alpha=0.12)
         progress.annotate(
-            f"{fault.kind} {fault.target}", (at, 0.03), xycoords=("data", "axes fraction"), rotation=90,
-            fontsize="x-small", va="bottom", ha="right",
-        )  # fmt: skip
+            f"{fault.kind} {fault.target}",
+            (at, 0.03),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            fontsize="x-small",
+            va="bottom",
+            ha="right",
+        )
     for axis in (reward, progress):
         axis.grid(alpha=0.3)
     figure.suptitle(f"{result.scenario.name}: ETTR {result.ettr:.3f}")

@@ -36,8 +36,12 @@ TARGET_WAIT_S = 60.0
 def erl(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "elastic_rl.cli", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO, check=check,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=check,
+    )
 
 
 def job_status(endpoint: str, job: str) -> dict:

@@ -143,11 +143,12 @@ def load_scenario(path: Path) -> ChaosScenario:
         scenario = ChaosScenario.model_validate(data)
     except ValidationError as exc:
         raise SpecError(
-            [f"{path}: {'.'.join(str(p) for p in e['loc']) or 'scenario'}: {e['msg'].removeprefix('Value error, ')}"
-             for e in exc.errors()]
-        ) from None  # fmt: skip
+            [
+                f"{path}: {'.'.join(str(p) for p in e['loc']) or 'scenario'}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors()
+            ]
+        ) from None
     job = scenario.job if scenario.job.is_absolute() else (path.parent / scenario.job).resolve()
     if not job.is_file():
         raise SpecError([f"{path}: job: no job spec at {job}"])
     return scenario.model_copy(update={"job": job})
-

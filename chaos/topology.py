@@ -50,9 +50,7 @@ class EtcdMember:
 
 class EtcdCluster:
     def __init__(self, root: Path, size: int = 3):
-        self.members = [
-            EtcdMember(f"etcd-{i}", free_port(), free_port(), root / f"etcd-{i}") for i in range(size)
-        ]
+        self.members = [EtcdMember(f"etcd-{i}", free_port(), free_port(), root / f"etcd-{i}") for i in range(size)]
 
     @property
     def endpoint(self) -> str:
@@ -65,8 +63,10 @@ class EtcdCluster:
             log = open(member.data_dir.parent / f"{member.name}.log", "ab")
             member.process = subprocess.Popen(
                 etcd_command(member.data_dir, member.client_port, member.peer_port, member.name, initial),
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout_s
         while not asyncio.run(_answers(self.endpoint)):
             assert time.monotonic() < deadline, "the etcd cluster did not come up"
@@ -115,10 +115,26 @@ class ErldNode:
         slots = ["--gpus", self.gpus] if self.gpus else ["--cpu-devices", str(self.cpu_devices)]
         log = open(self.state_dir / "erld.log", "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "elastic_rl.cli", "daemon", "--node", self.name, "--state-dir", str(self.state_dir),
-             *slots, "--lease-ttl", str(self.lease_ttl_s), *where, *metrics],
-            cwd=REPO, env={**os.environ, **self.environment}, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "elastic_rl.cli",
+                "daemon",
+                "--node",
+                self.name,
+                "--state-dir",
+                str(self.state_dir),
+                *slots,
+                "--lease-ttl",
+                str(self.lease_ttl_s),
+                *where,
+                *metrics,
+            ],
+            cwd=REPO,
+            env={**os.environ, **self.environment},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
     @property
     def endpoint(self) -> str:
@@ -178,7 +194,8 @@ class ErldNode:
         """The job processes this erld started: its node name on this topology's etcd (another
         topology's, a concurrent test session's, may share the name)."""
         return [
-            p for p in psutil.process_iter(["pid"])
+            p
+            for p in psutil.process_iter(["pid"])
             if (env := _env_of(p)).get(jobenv.NODE) == self.name and env.get(jobenv.ETCD) == self.endpoint
         ]
 
@@ -215,21 +232,38 @@ class Topology:
 
     @classmethod
     def single(
-        cls, root: Path, cpu_devices: int = 8, environment: dict[str, str] | None = None, name: str = "node-0",
+        cls,
+        root: Path,
+        cpu_devices: int = 8,
+        environment: dict[str, str] | None = None,
+        name: str = "node-0",
         gpus: str | None = None,
-    ) -> Topology:  # fmt: skip
-        node = ErldNode(name, root / name, cpu_devices, None, etcd_port=free_port(), environment=environment or {}, gpus=gpus)
+    ) -> Topology:
+        node = ErldNode(
+            name, root / name, cpu_devices, None, etcd_port=free_port(), environment=environment or {}, gpus=gpus
+        )
         return cls([node])
 
     @classmethod
     def cluster(
-        cls, root: Path, nodes: int = 3, cpu_devices: int = 4, etcd_members: int = 3, lease_ttl_s: int = 4,
+        cls,
+        root: Path,
+        nodes: int = 3,
+        cpu_devices: int = 4,
+        etcd_members: int = 3,
+        lease_ttl_s: int = 4,
         environment: dict[str, str] | None = None,
-    ) -> Topology:  # fmt: skip
+    ) -> Topology:
         etcd = EtcdCluster(root / "etcd", etcd_members)
         made = [
-            ErldNode(f"node-{i}", root / f"node-{i}", cpu_devices, etcd.endpoint, lease_ttl_s=lease_ttl_s,
-                     environment=environment or {})  # fmt: skip
+            ErldNode(
+                f"node-{i}",
+                root / f"node-{i}",
+                cpu_devices,
+                etcd.endpoint,
+                lease_ttl_s=lease_ttl_s,
+                environment=environment or {},
+            )
             for i in range(nodes)
         ]
         return cls(made, etcd)

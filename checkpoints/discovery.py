@@ -67,7 +67,9 @@ def newest_committed_snapshot(workdir: Path) -> SnapshotInfo | None:
     for step in _steps(workdir):
         manifest = read_manifest(snapshot_path(workdir, step))
         if manifest is not None:
-            return SnapshotInfo(step=step, path=snapshot_path(workdir, step), last_rollout=int(manifest["last_rollout"]))
+            return SnapshotInfo(
+                step=step, path=snapshot_path(workdir, step), last_rollout=int(manifest["last_rollout"])
+            )
     return None
 
 

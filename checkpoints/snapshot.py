@@ -108,7 +108,9 @@ def _dcp_entries(local: dict[str, tuple[torch.Tensor, int | None]], mesh: Device
 class SnapshotWriter:
     """Takes snapshots of one replica; at most one save in flight."""
 
-    def __init__(self, workdir: Path, async_save: bool, on_committed=None, on_failed=None, timeout: timedelta | None = None):
+    def __init__(
+        self, workdir: Path, async_save: bool, on_committed=None, on_failed=None, timeout: timedelta | None = None
+    ):
         self.workdir = workdir
         self.async_save = async_save
         self.on_committed = on_committed or (lambda step, path: log.info("snapshot %d committed: %s", step, path))

@@ -219,7 +219,9 @@ class JobAgent:
             if spec.role is Role.ENGINE and proc.serving and "router" in assigned:
                 await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host))
             # An engine scaled away may finish what it holds; anything else is replaced at once.
-            self.table.signal(proc, signal.SIGTERM if spec.role is Role.ENGINE and assignment is None else signal.SIGKILL)
+            self.table.signal(
+                proc, signal.SIGTERM if spec.role is Role.ENGINE and assignment is None else signal.SIGKILL
+            )
             self.table.forget(proc)
             self.published.pop(proc.name, None)
             await self.store.delete(keys.proc(self.job_id, proc.name))
@@ -239,9 +241,14 @@ class JobAgent:
             if not any(a.get("adopt") == name for a in assigned.values())
         )
         facts = ExitFacts(
-            spec.role.value, proc.exit_code, bool(progress.get("finished")), idle_spare, tuple(proc.restarts), now,
+            spec.role.value,
+            proc.exit_code,
+            bool(progress.get("finished")),
+            idle_spare,
+            tuple(proc.restarts),
+            now,
             given_up=progress.get("failure", ""),
-        )  # fmt: skip
+        )
         decision = decide_exit(facts, self.policy)
         if decision.action is ExitAction.SUCCEED_JOB:
             proc.state = ProcState.EXITED
@@ -253,9 +260,12 @@ class JobAgent:
             proc.state = ProcState.EXITED
             return
         await self.events.emit(
-            "proc_exited", f"exit code {proc.exit_code}; see logs/{proc.name}.log", proc=proc.name,
-            exit_code=proc.exit_code, device=proc.device,
-        )  # fmt: skip
+            "proc_exited",
+            f"exit code {proc.exit_code}; see logs/{proc.name}.log",
+            proc=proc.name,
+            exit_code=proc.exit_code,
+            device=proc.device,
+        )
         if spec.role is Role.ENGINE and proc.serving and "router" in assigned:
             # Out of the router at once, so no new request goes to a dead engine.
             proc.serving = False
@@ -274,7 +284,9 @@ class JobAgent:
         if decision.action is ExitAction.MOVE_REPLICA:
             if decision.quarantine_device:
                 devices = [p.device for p in group if p.device is not None]
-                await mark_failed(self.store, self.node, devices, f"{proc.name}: non-finite values", self.device_cooldown_s)
+                await mark_failed(
+                    self.store, self.node, devices, f"{proc.name}: non-finite values", self.device_cooldown_s
+                )
             for member in group:
                 member.state = ProcState.DISPLACED
             return
@@ -298,10 +310,20 @@ class JobAgent:
             procs = []
             for spec, assignment in members:
                 proc = self.table.get(self.job_id, spec.name) or self.table.add(
-                    LocalProc(self.job_id, spec.name, assignment["generation"], assignment.get("device"), assignment.get("port"))
+                    LocalProc(
+                        self.job_id,
+                        spec.name,
+                        assignment["generation"],
+                        assignment.get("device"),
+                        assignment.get("port"),
+                    )
                 )
                 procs.append(proc)
-            due = [p for p in procs if p.state is ProcState.WAITING or (p.state is ProcState.RESTARTING and now >= (p.restart_at or 0))]
+            due = [
+                p
+                for p in procs
+                if p.state is ProcState.WAITING or (p.state is ProcState.RESTARTING and now >= (p.restart_at or 0))
+            ]
             if any(set(assignment_slots(assignment)) & failed for _, assignment in members):
                 continue  # not on a failed device: the controller is moving the group
             if not due or not await self._ready(members[0][0]):
@@ -347,22 +369,33 @@ class JobAgent:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log_file:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "elastic_rl.model.export",
-                str(layout.spec_path(self.workdir)), str(layout.weights_dir(self.workdir, 0)),
-                stdout=log_file, stderr=subprocess.STDOUT, env=self._base_env(),
-            )  # fmt: skip
+                sys.executable,
+                "-m",
+                "elastic_rl.model.export",
+                str(layout.spec_path(self.workdir)),
+                str(layout.weights_dir(self.workdir, 0)),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self._base_env(),
+            )
             code = await process.wait()
         if code != 0:
             raise RuntimeError(f"exporting the initial weights failed (exit {code}); see {log_path}")
 
-    async def _spawn(self, proc: LocalProc, spec: ProcSpec, assignment: dict, endpoints: Endpoints, extra: dict) -> None:
+    async def _spawn(
+        self, proc: LocalProc, spec: ProcSpec, assignment: dict, endpoints: Endpoints, extra: dict
+    ) -> None:
         restarted = proc.state is ProcState.RESTARTING
-        env = process_env(spec, assignment, endpoints, self._base_env(), self.host, self.spec, self.device_kind, self.gpu_ids)
+        env = process_env(
+            spec, assignment, endpoints, self._base_env(), self.host, self.spec, self.device_kind, self.gpu_ids
+        )
         env.update(extra)
         self.table.spawn(proc, command(spec, assignment, self.spec, self.workdir, self.host), env, self.workdir)
         await self._publish(proc)
         if restarted:
-            await self.events.emit("proc_restarted", f"restart {len(proc.restarts)}", proc=proc.name, device=proc.device)
+            await self.events.emit(
+                "proc_restarted", f"restart {len(proc.restarts)}", proc=proc.name, device=proc.device
+            )
         elif not assignment.get("initial"):
             # Placed after the job started: a new spare, a moved group, an added engine.
             await self.events.emit("proc_started", f"on node {self.node}", proc=proc.name, device=proc.device)
@@ -394,7 +427,9 @@ class JobAgent:
 
     async def _register_every_engine(self, router_url: str) -> None:
         reported = await self.store.get_prefix(keys.procs(self.job_id))
-        serving = [record["url"] for record in reported.values() if record.get("role") == "engine" and record.get("serving")]
+        serving = [
+            record["url"] for record in reported.values() if record.get("role") == "engine" and record.get("serving")
+        ]
         await engines.register_all(router_url, serving)
 
     # --- engine health ------------------------------------------------------------------
@@ -405,7 +440,11 @@ class JobAgent:
         if now - self._last_health_check < self.spec.engines.health_interval_s or "health" in self._background:
             return
         self._last_health_check = now
-        serving = {p.name: url(p.port, host=self.host) for p in self.table.of_job(self.job_id) if p.serving and p.state is ProcState.RUNNING}
+        serving = {
+            p.name: url(p.port, host=self.host)
+            for p in self.table.of_job(self.job_id)
+            if p.serving and p.state is ProcState.RUNNING
+        }
         if serving:
             self._in_background("health", self._health_pass(serving))
         router = assigned.get("router")
@@ -415,9 +454,14 @@ class JobAgent:
 
     async def _health_pass(self, serving: dict[str, str]) -> None:
         verdicts = await engines.check(
-            serving, self.health_failures, self.spec.engines.health_timeout_s, self.spec.engines.health_failure_threshold
+            serving,
+            self.health_failures,
+            self.spec.engines.health_timeout_s,
+            self.spec.engines.health_failure_threshold,
         )
-        assigned = {keys.last_part(k): v for k, v in (await self.store.get_prefix(keys.assignments(self.job_id))).items()}
+        assigned = {
+            keys.last_part(k): v for k, v in (await self.store.get_prefix(keys.assignments(self.job_id))).items()
+        }
         for name, verdict in verdicts.items():
             proc = self.table.get(self.job_id, name)
             if not verdict.unhealthy or proc is None or not proc.serving or proc.state is not ProcState.RUNNING:

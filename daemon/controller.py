@@ -177,7 +177,9 @@ class Controller:
         for assignment in made.values():
             assignment["initial"] = True  # what the job starts with: no news when it comes up
         running = {**status, "phase": "running", "reason": "", "generation": generation, "unplaced": []}
-        await self._commit({keys.job_status(job_id): running, **{keys.assignment(job_id, n): a for n, a in made.items()}})
+        await self._commit(
+            {keys.job_status(job_id): running, **{keys.assignment(job_id, n): a for n, a in made.items()}}
+        )
         cluster.statuses[job_id], cluster.assignments[job_id] = running, made
         where = sorted({a["node"] for a in made.values()})
         await self.events_for(job_id, workdir).emit(
@@ -197,7 +199,11 @@ class Controller:
             changes.deletes |= {keys.assignment(job_id, n) for n in groups[group]}
         kept = {g: m for g, m in groups.items() if g not in lost}
         # When the services move every trainer restarts anyway: no spare is worth promoting then.
-        promoted = set() if SERVICES in lost else self._promote_spares(job_id, lost, kept, groups, reported, generation, changes)
+        promoted = (
+            set()
+            if SERVICES in lost
+            else self._promote_spares(job_id, lost, kept, groups, reported, generation, changes)
+        )
         placed, degraded = self._place_missing(job_id, status, wanted, kept, groups, lost, cluster, generation, changes)
         if SERVICES in placed and SERVICES in lost:
             # Every trainer group restarts with the services' new addresses.
@@ -241,9 +247,11 @@ class Controller:
         """A lost replica's place goes to an idle warm spare: its processes keep running, renamed."""
         adopted = {a.get("adopt") for members in groups.values() for a in members.values()}
         idle = [
-            g for g, members in kept.items()
-            if g.startswith("spare-") and all(_reports(reported, n, a, "running") and n not in adopted for n, a in members.items())
-        ]  # fmt: skip
+            g
+            for g, members in kept.items()
+            if g.startswith("spare-")
+            and all(_reports(reported, n, a, "running") and n not in adopted for n, a in members.items())
+        ]
         promoted = set()
         for group in sorted(g for g in lost if g.startswith("replica-") and lost[g] != "scaled away"):
             if not idle:
@@ -258,7 +266,11 @@ class Controller:
                 kept.setdefault(group, {})[proc] = taken
             promoted.add(group)
             changes.events.append(
-                ("spare_promoted", f"{spare} takes the place of {group} ({lost[group]})", {"proc": sorted(groups[group])[0]})
+                (
+                    "spare_promoted",
+                    f"{spare} takes the place of {group} ({lost[group]})",
+                    {"proc": sorted(groups[group])[0]},
+                )
             )
         return promoted
 
@@ -271,7 +283,9 @@ class Controller:
         if not missing:
             return set(), set()
         held = {n: a for members in kept.values() for n, a in members.items()}
-        free = Cluster(cluster.statuses, {**cluster.assignments, job_id: held}, cluster.nodes, {}, cluster.failed).free()
+        free = Cluster(
+            cluster.statuses, {**cluster.assignments, job_id: held}, cluster.nodes, {}, cluster.failed
+        ).free()
         existing = {g: (wanted[g].kind, _node_of(m)) for g, m in kept.items() if g in wanted}
         placement = place_groups(missing, free, existing, cluster.kinds())
         for group, (node, devices) in placement.assigned.items():
@@ -281,7 +295,9 @@ class Controller:
                 changes.deletes.discard(keys.assignment(job_id, proc))
             kind = wanted[group].kind.value
             if group in lost:
-                changes.events.append((f"{kind}_moved", f"{group} moves to node {node} ({lost[group]})", {"node": node}))
+                changes.events.append(
+                    (f"{kind}_moved", f"{group} moves to node {node} ({lost[group]})", {"node": node})
+                )
         degraded = set(placement.unplaced)
         for group in degraded - set(status.get("unplaced", [])):
             kind = wanted[group].kind.value

@@ -64,7 +64,9 @@ async def prune(router_url: str, engine_urls: set[str]) -> None:
         log.warning("pruning the router at %s failed: %s", router_url, exc)
 
 
-async def check(engine_urls: dict[str, str], failures: dict[str, int], timeout_s: float, threshold: int) -> dict[str, HealthVerdict]:
+async def check(
+    engine_urls: dict[str, str], failures: dict[str, int], timeout_s: float, threshold: int
+) -> dict[str, HealthVerdict]:
     """One health pass over ``engine_urls`` (name -> URL); updates ``failures`` in place."""
     clients = {name: EngineClient(url) for name, url in engine_urls.items()}
     generated, responsive = await asyncio.gather(

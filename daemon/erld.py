@@ -93,7 +93,9 @@ class NodeConfig:
 
 
 class Erld:
-    def __init__(self, store: Store, endpoint: str, config: NodeConfig, state_dir: Path, etcd_started_here: bool = False):
+    def __init__(
+        self, store: Store, endpoint: str, config: NodeConfig, state_dir: Path, etcd_started_here: bool = False
+    ):
         self.store = store
         self.holders_are_dead = etcd_started_here
         """Until the first join: an etcd this erld has just started had no erld connected to it, so a
@@ -136,7 +138,9 @@ class Erld:
             holder, revision = await self.store.get_with_revision(node_key)
             if holder is None:
                 continue  # its lease ran out just now
-            alive = holder.get("host") != record["host"] or (holder.get("pid") != os.getpid() and erld_alive(holder.get("pid")))
+            alive = holder.get("host") != record["host"] or (
+                holder.get("pid") != os.getpid() and erld_alive(holder.get("pid"))
+            )
             if alive and not self.holders_are_dead:
                 await self.store.revoke(self.lease)
                 raise NodeTaken(
@@ -148,7 +152,9 @@ class Erld:
             # gone to the controller, then drop its lease (its stale process records go with it).
             if await self.store.update_if(node_key, record, revision, lease=self.lease):
                 if holder.get("pid") != os.getpid():
-                    log.info("node %s was held by erld pid %s, no longer running: taken over", self.node, holder.get("pid"))
+                    log.info(
+                        "node %s was held by erld pid %s, no longer running: taken over", self.node, holder.get("pid")
+                    )
                 if holder.get("lease") is not None:
                     await self.store.revoke_lease_id(holder["lease"])
                 break
@@ -215,9 +221,13 @@ class Erld:
             elif key.startswith(keys.procs(job_id)):
                 reported.setdefault(job_id, {})[keys.last_part(key)] = value
         return Cluster(
-            statuses, await all_assignments(self.store), await live_nodes(self.store), reported,
-            failed_slots(await ledger(self.store), time.time()), progress,
-        )  # fmt: skip
+            statuses,
+            await all_assignments(self.store),
+            await live_nodes(self.store),
+            reported,
+            failed_slots(await ledger(self.store), time.time()),
+            progress,
+        )
 
     async def agent_pass(self, cluster: Cluster) -> None:
         local_jobs = {job for job, _ in self.table.procs}
@@ -245,10 +255,19 @@ class Erld:
         spec = JobSpec.model_validate(await self.store.get(keys.job_spec(job_id)))
         workdir = Path(status["workdir"])
         agent = JobAgent(
-            job_id, spec, workdir, self.node, self.config.advertise_host, self.store, self.endpoint,
-            self._events(job_id, workdir), self.table, self.config.device_cooldown_s, self.config.device_kind,
+            job_id,
+            spec,
+            workdir,
+            self.node,
+            self.config.advertise_host,
+            self.store,
+            self.endpoint,
+            self._events(job_id, workdir),
+            self.table,
+            self.config.device_cooldown_s,
+            self.config.device_kind,
             self.config.gpu_ids,
-        )  # fmt: skip
+        )
         agent.lease = self.lease
         agent.submitted = status.get("submitted")
         self.agents[job_id] = agent
@@ -261,7 +280,9 @@ class Erld:
             if status is None:
                 continue
             names = ", ".join(p.name for p in adopted if p.job == job_id)
-            await self._events(job_id, Path(status["workdir"])).emit("job_adopted", f"adopted running processes: {names}")
+            await self._events(job_id, Path(status["workdir"])).emit(
+                "job_adopted", f"adopted running processes: {names}"
+            )
 
     def load_state(self) -> list[dict[str, Any]]:
         if not self.state_file.is_file():
@@ -331,7 +352,9 @@ async def serve(etcd: str | None, config: NodeConfig, state_dir: Path, etcd_port
     try:
         # A call that waits on a dead etcd member moves to the next one well within the lease's TTL.
         async with Store(etcd, timeout_s=max(1.0, config.lease_ttl_s / 4)) as store:
-            erld = Erld(store, etcd, config, state_dir, etcd_started_here=embedded is not None and embedded.adopted_pid is None)
+            erld = Erld(
+                store, etcd, config, state_dir, etcd_started_here=embedded is not None and embedded.adopted_pid is None
+            )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, erld.stopping.set)

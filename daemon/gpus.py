@@ -46,8 +46,10 @@ def node_gpus(request: str, nvml: ModuleType = pynvml, environ: Mapping[str, str
     usable = allowed_gpus(cuda_order, inherited)
     numbered = inherited is not None and any(entry.strip().isdigit() for entry in inherited.split(","))
     if numbered and environ.get(jobenv.CUDA_DEVICE_ORDER) != "PCI_BUS_ID":
-        log.warning("CUDA_VISIBLE_DEVICES numbers GPUs: erld reads the numbers in PCI bus order, which CUDA "
-                    "uses only with CUDA_DEVICE_ORDER=PCI_BUS_ID; give UUIDs to be sure")  # fmt: skip
+        log.warning(
+            "CUDA_VISIBLE_DEVICES numbers GPUs: erld reads the numbers in PCI bus order, which CUDA "
+            "uses only with CUDA_DEVICE_ORDER=PCI_BUS_ID; give UUIDs to be sure"
+        )
     offered = usable[: slots_for(request, len(usable))]
     for slot, uuid in enumerate(offered):
         log.info("slot %d: GPU %s (CUDA device %d in PCI bus order)", slot, uuid, cuda_order.index(uuid))
@@ -67,7 +69,9 @@ def slots_for(request: str, found: int) -> int:
     if wanted < 1:
         raise InputError(f"--gpus {wanted}: give at least 1 GPU, or `all`")
     if wanted > found:
-        raise InputError(f"--gpus {wanted}: this node has {found} GPU(s) erld may use; ask for at most {found}, or `all`")
+        raise InputError(
+            f"--gpus {wanted}: this node has {found} GPU(s) erld may use; ask for at most {found}, or `all`"
+        )
     return wanted
 
 
@@ -92,7 +96,7 @@ def allowed_gpus(uuids: list[str], inherited: str | None) -> list[str]:
                 raise InputError(
                     f"CUDA_VISIBLE_DEVICES={inherited}: {entry!r} names {found} NVML sees; give GPU indices or "
                     "UUIDs (`nvidia-smi -L`); a MIG instance cannot be a slot, which is a whole GPU"
-                )  # fmt: skip
+                )
             uuid = matches[0]
         if uuid not in chosen:
             chosen.append(uuid)

@@ -45,11 +45,15 @@ class ClusterCollector:
         yield leader
         if cluster is None:
             return
-        states = GaugeMetricFamily("erld_process_state", "1 for the state each job process on this node is in",
-                                   labels=["job", "proc", "state"])  # fmt: skip
-        restarts = GaugeMetricFamily("erld_process_restarts", "restarts of each job process on this node", labels=["job", "proc"])
-        engines = GaugeMetricFamily("erld_engine_serving", "1 while an engine on this node is registered and healthy",
-                                    labels=["job", "engine"])  # fmt: skip
+        states = GaugeMetricFamily(
+            "erld_process_state", "1 for the state each job process on this node is in", labels=["job", "proc", "state"]
+        )
+        restarts = GaugeMetricFamily(
+            "erld_process_restarts", "restarts of each job process on this node", labels=["job", "proc"]
+        )
+        engines = GaugeMetricFamily(
+            "erld_engine_serving", "1 while an engine on this node is registered and healthy", labels=["job", "engine"]
+        )
         for (job, name), proc in sorted(erld.table.procs.items()):
             for state in PROC_STATES:
                 states.add_metric([job, name, state], 1.0 if proc.state.value == state else 0.0)
@@ -60,14 +64,20 @@ class ClusterCollector:
 
         jobs = {
             "erld_job_rollouts_committed": ("rollouts the job has trained", lambda p, s: p.get("rollouts_done")),
-            "erld_job_quorum_size": ("trainer replicas in the last step's quorum",
-                                     lambda p, s: p.get("metrics", {}).get("train/participants")),
-            "erld_job_step_time_seconds": ("mean optimizer step time of the last rollout",
-                                           lambda p, s: p.get("metrics", {}).get("train/step_time")),
-            "erld_job_rollout_time_seconds": ("generation time of the last rollout",
-                                              lambda p, s: p.get("metrics", {}).get("rollout/time")),
+            "erld_job_quorum_size": (
+                "trainer replicas in the last step's quorum",
+                lambda p, s: p.get("metrics", {}).get("train/participants"),
+            ),
+            "erld_job_step_time_seconds": (
+                "mean optimizer step time of the last rollout",
+                lambda p, s: p.get("metrics", {}).get("train/step_time"),
+            ),
+            "erld_job_rollout_time_seconds": (
+                "generation time of the last rollout",
+                lambda p, s: p.get("metrics", {}).get("rollout/time"),
+            ),
             "erld_job_snapshot_age_seconds": ("seconds since the newest committed snapshot", lambda p, s: s),
-        }  # fmt: skip
+        }
         families = {name: GaugeMetricFamily(name, text, labels=["job"]) for name, (text, _) in jobs.items()}
         for job, status in sorted(cluster.statuses.items()):
             if status.get("phase") != "running":
@@ -80,8 +90,9 @@ class ClusterCollector:
                     families[name].add_metric([job], float(value))
         yield from families.values()
 
-        devices = GaugeMetricFamily("erld_device_state", "1 for the state of each device slot of this node",
-                                    labels=["node", "device", "state"])  # fmt: skip
+        devices = GaugeMetricFamily(
+            "erld_device_state", "1 for the state of each device slot of this node", labels=["node", "device", "state"]
+        )
         slots = cluster.nodes.get(node, {}).get("devices", 0)
         for device in range(slots):
             failed = device in cluster.failed.get(node, set())

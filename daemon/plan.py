@@ -133,13 +133,15 @@ def process_env(
         env.update(engine_env(spec.engines))
     if trainer:
         identity = jobenv.REPLICA if proc.role is Role.TRAINER else jobenv.SPARE
-        env.update({
-            identity: str(proc.group_index),
-            "RANK": str(proc.rank),
-            "LOCAL_RANK": str(proc.rank),
-            "WORLD_SIZE": str(spec.trainer.tensor_parallel),
-            "MASTER_ADDR": advertise_host,
-        })  # fmt: skip
+        env.update(
+            {
+                identity: str(proc.group_index),
+                "RANK": str(proc.rank),
+                "LOCAL_RANK": str(proc.rank),
+                "WORLD_SIZE": str(spec.trainer.tensor_parallel),
+                "MASTER_ADDR": advertise_host,
+            }
+        )
     return env
 
 
@@ -157,11 +159,13 @@ def device_env(device: ProcessDevice, gpu_ids: Sequence[str] = (), nccl: NcclSet
         return env
     env.update({jobenv.CUDA_DEVICE_ORDER: "PCI_BUS_ID", jobenv.CUBLAS_WORKSPACE_CONFIG: ":4096:8"})
     if nccl is not None:
-        env.update({
-            jobenv.NCCL_HEARTBEAT_TIMEOUT: str(nccl.heartbeat_timeout_s),
-            jobenv.NCCL_NONBLOCKING_TIMEOUT: str(nccl.nonblocking_timeout_s),
-            jobenv.NCCL_RETHROW_CUDA_ERRORS: "1" if nccl.rethrow_cuda_errors else "0",
-        })  # fmt: skip
+        env.update(
+            {
+                jobenv.NCCL_HEARTBEAT_TIMEOUT: str(nccl.heartbeat_timeout_s),
+                jobenv.NCCL_NONBLOCKING_TIMEOUT: str(nccl.nonblocking_timeout_s),
+                jobenv.NCCL_RETHROW_CUDA_ERRORS: "1" if nccl.rethrow_cuda_errors else "0",
+            }
+        )
     return env
 
 
@@ -171,11 +175,15 @@ def command(proc: ProcSpec, assignment: dict, spec: JobSpec, workdir: Path, adve
         ft = spec.fault_tolerance
         return [
             str(Path(sys.executable).parent / "torchft_lighthouse"),
-            "--min_replicas", "1",
-            "--bind", f"{advertise_host}:{assignment['port']}",
-            "--heartbeat_timeout_ms", str(ft.heartbeat_timeout_ms),
-            "--join_timeout_ms", str(ft.join_timeout_ms),
-        ]  # fmt: skip
+            "--min_replicas",
+            "1",
+            "--bind",
+            f"{advertise_host}:{assignment['port']}",
+            "--heartbeat_timeout_ms",
+            str(ft.heartbeat_timeout_ms),
+            "--join_timeout_ms",
+            str(ft.join_timeout_ms),
+        ]
     if proc.role is Role.ROUTER:
         return router_command(assignment["port"], assignment["metrics_port"], host=advertise_host)
     if proc.role is Role.ORCHESTRATOR:

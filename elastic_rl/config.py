@@ -110,9 +110,10 @@ class ModelSpec(Component):
             # Compared with the defaults, not with the keys given: a resolved spec, dumped and
             # loaded again (etcd, spec.json), holds every default.
             toy_fields = sorted(
-                name for name, field in type(self).model_fields.items()
+                name
+                for name, field in type(self).model_fields.items()
                 if name != "hf_checkpoint" and getattr(self, name) != field.default
-            )  # fmt: skip
+            )
             if toy_fields:
                 raise ValueError(
                     f"{', '.join(toy_fields)}: set only for the toy model; with hf_checkpoint the "
@@ -279,9 +280,7 @@ class RolloutSpec(Component):
             return value
         module, sep, function = value.partition(":")
         if not sep or not module or not function:
-            raise ValueError(
-                f"unknown reward {value!r}: use one of {', '.join(builtin)} or module:function"
-            )
+            raise ValueError(f"unknown reward {value!r}: use one of {', '.join(builtin)} or module:function")
         return value
 
     @field_validator("reward_function", "group_reward_function", "generate_function")
@@ -333,9 +332,12 @@ class RolloutSpec(Component):
                 f"rollout.over_sampling_batch_size ({self.round_size}) above prompts_per_rollout cannot be combined "
                 f"with rollout.mode {self.mode} and rollout.max_staleness {self.max_staleness}: the groups it "
                 "leaves over would be too stale for the next rollout and dropped; "
-                + ("use mode sync, or drop over_sampling_batch_size" if self.mode == "async"
-                   else "set max_staleness >= 1, or drop over_sampling_batch_size")
-            )  # fmt: skip
+                + (
+                    "use mode sync, or drop over_sampling_batch_size"
+                    if self.mode == "async"
+                    else "set max_staleness >= 1, or drop over_sampling_batch_size"
+                )
+            )
         if self.partial_rollout and self.round_size > (self.max_staleness + 1) * self.prompts_per_rollout:
             # A rollout leaves up to round_size - prompts_per_rollout groups over, and the next
             # max_staleness rollouts train prompts_per_rollout of them each before the rest go stale.
@@ -740,7 +742,9 @@ class JobSpec(Component):
     @model_validator(mode="after")
     def _sft_samples_each_pair_once(self) -> JobSpec:
         if self.algorithm.kind is AlgorithmKind.SFT and self.rollout.n_samples_per_prompt != 1:
-            raise ValueError("algorithm.kind sft trains each (prompt, response) pair once: set rollout.n_samples_per_prompt to 1")
+            raise ValueError(
+                "algorithm.kind sft trains each (prompt, response) pair once: set rollout.n_samples_per_prompt to 1"
+            )
         if self.algorithm.kind is AlgorithmKind.SFT and self.rollout.buffers_groups:
             raise ValueError(
                 "algorithm.kind sft generates nothing to filter or buffer: remove rollout.dynamic_filter, "
@@ -795,7 +799,9 @@ class JobSpec(Component):
         self._check_reference()
         if self.engines.weight_sync == "distributed":
             if self.engines.kind != "sglang":
-                raise ValueError("engines.weight_sync distributed broadcasts into SGLang engines: set engines.kind sglang, or use disk")
+                raise ValueError(
+                    "engines.weight_sync distributed broadcasts into SGLang engines: set engines.kind sglang, or use disk"
+                )
             if self.rollout.mode != "sync":
                 raise ValueError(
                     "engines.weight_sync distributed pushes each version as soon as it is trained, and async engines "
@@ -819,9 +825,7 @@ class JobSpec(Component):
         if self.model.hf_checkpoint is None:
             raise ValueError("algorithm.reference: a reference checkpoint needs a policy from model.hf_checkpoint")
         if from_hf_config(Path(reference)) != from_hf_config(self.model.hf_checkpoint):
-            raise ValueError(
-                f"algorithm.reference {reference}: its architecture differs from model.hf_checkpoint's"
-            )
+            raise ValueError(f"algorithm.reference {reference}: its architecture differs from model.hf_checkpoint's")
 
     @property
     def prompt_limit(self) -> int:

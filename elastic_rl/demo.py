@@ -66,15 +66,15 @@ async def show_generations(router: RouterClient, tokenizer, spec: JobSpec) -> No
         "max_new_tokens": spec.rollout.max_new_tokens,
         "seed": spec.seed,
     }
-    results = await asyncio.gather(
-        *(router.generate(tokenizer(prompt)["input_ids"], params) for prompt in PROMPTS)
-    )
+    results = await asyncio.gather(*(router.generate(tokenizer(prompt)["input_ids"], params) for prompt in PROMPTS))
     for prompt, result in zip(PROMPTS, results):
         meta = result["meta_info"]
         logprobs = [round(entry[0], 3) for entry in meta["output_token_logprobs"]]
         print(f"  {prompt!r} -> {result['text']!r}")
-        print(f"    weight_version={meta['weight_version']} finish={meta['finish_reason']['type']} "
-              f"logprobs={logprobs[:6]}{' ...' if len(logprobs) > 6 else ''}")
+        print(
+            f"    weight_version={meta['weight_version']} finish={meta['finish_reason']['type']} "
+            f"logprobs={logprobs[:6]}{' ...' if len(logprobs) > 6 else ''}"
+        )
 
 
 async def serve_and_generate(spec: JobSpec, v0: Path, v1: Path, workdir: Path) -> None:
@@ -85,7 +85,9 @@ async def serve_and_generate(spec: JobSpec, v0: Path, v1: Path, workdir: Path) -
     logs = [open(layout.proc_log_path(workdir, f"engine-{i}"), "wb") for i in range(len(engine_ports))]
     router_log = open(layout.proc_log_path(workdir, "router"), "wb")
     engines = [start_engine(spec.engines, v0, port, log) for port, log in zip(engine_ports, logs)]
-    router_process = subprocess.Popen(router_command(router_port, free_port()), stdout=router_log, stderr=subprocess.STDOUT)
+    router_process = subprocess.Popen(
+        router_command(router_port, free_port()), stdout=router_log, stderr=subprocess.STDOUT
+    )
     with running([*engines, router_process]):
         for process, port in zip(engines, engine_ports):
             await EngineClient(url(port)).wait_healthy(spec.engines.startup_timeout_s, process)

@@ -34,7 +34,9 @@ def activate(device: ProcessDevice) -> torch.device:
         if not torch.cuda.is_available():
             where = f"erld gave this process GPU slot(s) {list(device.slots)}, but torch sees no CUDA device here"
             if torch.version.cuda is None:
-                raise WrongDevice(f"{where} (torch {torch.__version__} is built without CUDA); install a CUDA build of torch")
+                raise WrongDevice(
+                    f"{where} (torch {torch.__version__} is built without CUDA); install a CUDA build of torch"
+                )
             # A CUDA build that sees no GPU: a device or driver fault, which a restart or a spare may get past.
             raise RuntimeError(f"{where} (torch {torch.__version__}, built for CUDA {torch.version.cuda})")
         torch.cuda.set_device(0)  # the first of the GPUs it sees, which are its slots

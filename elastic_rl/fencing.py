@@ -33,9 +33,11 @@ class Assignment:
     @classmethod
     def from_environ(cls) -> Assignment:
         return cls(
-            os.environ[jobenv.JOB], os.environ[jobenv.PROC], int(os.environ.get(jobenv.GENERATION, "0")),
+            os.environ[jobenv.JOB],
+            os.environ[jobenv.PROC],
+            int(os.environ.get(jobenv.GENERATION, "0")),
             os.environ[jobenv.ETCD],
-        )  # fmt: skip
+        )
 
     def take_over(self, proc: str, generation: int) -> None:
         """A warm spare promoted to ``proc`` holds that assignment from now on."""
@@ -52,7 +54,11 @@ class Assignment:
 
     async def exit_if_superseded(self, store: Store) -> None:
         if not await self.current(store):
-            log.error("%s generation %d is superseded by a newer assignment: exiting without committing", self.proc, self.generation)
+            log.error(
+                "%s generation %d is superseded by a newer assignment: exiting without committing",
+                self.proc,
+                self.generation,
+            )
             sys.exit(EXIT_SUPERSEDED)
 
     def exit_if_superseded_blocking(self) -> None:

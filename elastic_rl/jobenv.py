@@ -53,6 +53,7 @@ SGLANG_HEALTH_GENERATION = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
 """Off in an SGLang engine's environment (``engines.launcher.engine_env``): its /health then only
 says that the server answers, while /health_generate, which erld asks too, runs a generation."""
 
+
 def spec_hash(spec: JobSpec) -> str:
     """A short hash of the resolved spec, recorded in every snapshot."""
     return hashlib.sha256(orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]

@@ -54,9 +54,7 @@ async def submit(store: Store, spec: JobSpec, workdir: Path) -> str:
         raise ElasticRLError(f"job {job_id} is already {existing['phase']}; stop it first with `erl stop {job_id}`")
     workdir = workdir.resolve()
     if committed_rollouts(workdir):
-        raise ElasticRLError(
-            f"work dir {workdir} holds a previous run; give another with --workdir, or remove it"
-        )
+        raise ElasticRLError(f"work dir {workdir} holds a previous run; give another with --workdir, or remove it")
     if existing is not None:
         # A finished job of the same name stays listed (`erl list --all`).
         await store.put(
@@ -108,7 +106,13 @@ async def describe(store: Store, job_id: str, events: int = 10) -> dict[str, Any
     # An assigned process its agent has not reported (yet, or its node is gone) shows as assigned.
     procs = {
         name: reported.get(name)
-        or {"state": "assigned", "node": assignment["node"], "device": assignment.get("device"), "pid": None, "restarts": 0}
+        or {
+            "state": "assigned",
+            "node": assignment["node"],
+            "device": assignment.get("device"),
+            "pid": None,
+            "restarts": 0,
+        }
         for name, assignment in assigned.items()
     }
     procs.update({name: record for name, record in reported.items() if name not in procs})
@@ -140,7 +144,12 @@ async def resume(store: Store, job_id: str, snapshot_step: int | None = None) ->
         progress = await store.get(keys.job_progress(job_id)) or {}
         await store.put(
             keys.job_progress(job_id),
-            {**progress, "rollouts_done": last_rollout + 1, "weight_version": version_after(last_rollout), "finished": False},
+            {
+                **progress,
+                "rollouts_done": last_rollout + 1,
+                "weight_version": version_after(last_rollout),
+                "finished": False,
+            },
         )
     queued = {"phase": "pending", "reason": "", "resumed": time.time()}
     await store.modify(keys.job_status(job_id), lambda current: {**current, **queued})
@@ -154,7 +163,9 @@ async def stop(store: Store, job_id: str) -> str:
     if phase in TERMINAL_PHASES:
         return phase
     new_phase = "stopped" if phase == "pending" else "stopping"
-    await store.modify(keys.job_status(job_id), lambda current: {**current, "phase": new_phase, "reason": "stopped by request"})
+    await store.modify(
+        keys.job_status(job_id), lambda current: {**current, "phase": new_phase, "reason": "stopped by request"}
+    )
     return new_phase
 
 
@@ -174,7 +185,9 @@ async def scale(store: Store, job_id: str, engines: int) -> int:
     if engines > running:
         # Not validated again: this machine may lack what the job's nodes have (SGLang, say).
         per_engine = EnginesSpec.model_construct(**(await store.get(keys.job_spec(job_id)))["engines"]).slots
-        free = sum(len(slots) // per_engine for slots in (await free_device_slots(store, await job_statuses(store))).values())
+        free = sum(
+            len(slots) // per_engine for slots in (await free_device_slots(store, await job_statuses(store))).values()
+        )
         if free < engines - running:
             raise InputError(
                 f"job {job_id} runs {running} engines; {engines} need {(engines - running) * per_engine} more device "
@@ -210,11 +223,20 @@ async def describe_nodes(store: Store) -> dict[str, Any]:
         for index in range(info["devices"]):
             entry = failed.get(keys.ledger_entry(name, index))
             if entry is not None and (entry.get("until") is None or entry["until"] > time.time()):
-                devices.append({"device": index, "state": "failed", "reason": entry.get("reason"), "until": entry.get("until")})
+                devices.append(
+                    {"device": index, "state": "failed", "reason": entry.get("reason"), "until": entry.get("until")}
+                )
             else:
-                devices.append({"device": index, "state": "in use" if index in holders else "free", "proc": holders.get(index)})
-        nodes.append({
-            "node": name, "advertise_host": info.get("advertise_host"), "pid": info.get("pid"),
-            "devices": devices, "procs_without_device": slotless,
-        })  # fmt: skip
+                devices.append(
+                    {"device": index, "state": "in use" if index in holders else "free", "proc": holders.get(index)}
+                )
+        nodes.append(
+            {
+                "node": name,
+                "advertise_host": info.get("advertise_host"),
+                "pid": info.get("pid"),
+                "devices": devices,
+                "procs_without_device": slotless,
+            }
+        )
     return {"leader": await store.get(keys.LEADER), "nodes": nodes}

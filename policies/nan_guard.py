@@ -74,7 +74,9 @@ def decide(health: StepHealth, consecutive_skips: int, max_consecutive_skips: in
         )
     if health.nonfinite and not health.persistent:
         bad = ", ".join(str(r) for r in sorted(health.nonfinite))
-        return Decision(Response.SKIP, health.nonfinite, f"transient non-finite values on replica {bad} (finite on a rerun)")
+        return Decision(
+            Response.SKIP, health.nonfinite, f"transient non-finite values on replica {bad} (finite on a rerun)"
+        )
     where = (
         f"replicas {', '.join(str(r) for r in sorted(health.nonfinite))}"
         if health.nonfinite

@@ -85,9 +85,10 @@ def place_groups(
     for group in sorted(groups, key=lambda g: (ORDER[g.kind], g.name)):
         allowed = _allowed_kinds(group, where, kinds)
         fitting = [
-            node for node, slots in free.items()
+            node
+            for node, slots in free.items()
             if len(slots) >= group.slots and kinds.get(node, DeviceKind.CPU) in allowed
-        ]  # fmt: skip
+        ]
         if not fitting:
             unplaced.append(group.name)
             continue
@@ -99,14 +100,18 @@ def place_groups(
     reason = ""
     if unplaced:
         needs = ", ".join(
-            f"{g.name} ({g.slots}{' CUDA' if g.cuda_only else ''} slots on one node)" for g in groups if g.name in unplaced
+            f"{g.name} ({g.slots}{' CUDA' if g.cuda_only else ''} slots on one node)"
+            for g in groups
+            if g.name in unplaced
         )
         have = ", ".join(f"{node}: {len(slots)}" for node, slots in sorted(free.items())) or "no live node"
         reason = f"no node has room for {needs}; free device slots left: {have}"
     return Placement(assigned, tuple(unplaced), reason)
 
 
-def _allowed_kinds(group: Group, where: dict[str, tuple[GroupKind, str]], kinds: dict[str, DeviceKind]) -> set[DeviceKind]:
+def _allowed_kinds(
+    group: Group, where: dict[str, tuple[GroupKind, str]], kinds: dict[str, DeviceKind]
+) -> set[DeviceKind]:
     """The kinds of node ``group`` may go to."""
     allowed = {DeviceKind.CUDA} if group.cuda_only else set(DeviceKind)
     if group.kind in TRAINER_KINDS:

@@ -74,9 +74,7 @@ def cpu_engines(model_path: Path, count: int, log_dir: Path) -> Iterator[list[Se
 def router(engines: list[Server], log_dir: Path) -> Iterator[Server]:
     port = free_port()
     log = open(log_dir / f"router-{port}.log", "wb")
-    server = Server(
-        subprocess.Popen(router_command(port, free_port()), stdout=log, stderr=subprocess.STDOUT), port
-    )
+    server = Server(subprocess.Popen(router_command(port, free_port()), stdout=log, stderr=subprocess.STDOUT), port)
     try:
         client = RouterClient(server.url)
 

@@ -84,7 +84,11 @@ class EngineClient:
 
     @staticmethod
     async def _send(
-        session: aiohttp.ClientSession, method: str, url: str, data: bytes | None, headers: dict | None,
+        session: aiohttp.ClientSession,
+        method: str,
+        url: str,
+        data: bytes | None,
+        headers: dict | None,
         timeout: aiohttp.ClientTimeout,
     ) -> tuple[bytes, aiohttp.ClientResponse]:
         async with session.request(method, url, data=data, headers=headers, timeout=timeout) as response:
@@ -125,7 +129,9 @@ class EngineClient:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
-                raise EngineError(f"{self.base_url}: the server process exited with code {process.returncode} while starting")
+                raise EngineError(
+                    f"{self.base_url}: the server process exited with code {process.returncode} while starting"
+                )
             if await self.health(timeout_s=2.0):
                 return
             await asyncio.sleep(0.2)
@@ -145,26 +151,46 @@ class EngineClient:
     # --- weights over NCCL (SGLang only): the trainer is rank 0 of a group the engines join ---
 
     async def init_weights_update_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
-        timeout_s: float, backend: str = "nccl",
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        timeout_s: float,
+        backend: str = "nccl",
+    ) -> dict[str, Any]:
         """Join the group at ``master_address:master_port`` as ranks ``rank_offset`` onwards (one per
         tensor-parallel rank of the engine); answers once the engine is in it."""
         body = {
-            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "group_name": group_name, "backend": backend,
-        }  # fmt: skip
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
         return await self._call("POST", "/init_weights_update_group", body, timeout_s)
 
     async def update_weights_from_distributed(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, timeout_s: float,
-        weight_version: str | None = None, flush_cache: bool = True,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        timeout_s: float,
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+    ) -> dict[str, Any]:
         """Receive the named tensors, in order, by broadcast from rank 0 of ``group_name`` and load
         them; answers once they are loaded. ``weight_version`` is the version the engine reports after."""
         body: dict[str, Any] = {
-            "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name, "flush_cache": flush_cache,
-        }  # fmt: skip
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+        }
         if weight_version is not None:
             body["weight_version"] = weight_version
         return await self._call("POST", "/update_weights_from_distributed", body, timeout_s)

@@ -97,7 +97,9 @@ class CpuEngine:
             return BatchedDecoder(self.model, pad)
         if batch_invariant(self.model, self.max_batch_size):
             return InvariantDecoder(self.model)
-        log.warning("this machine's matrix products depend on the batch: deterministic mode decodes one sequence at a time")
+        log.warning(
+            "this machine's matrix products depend on the batch: deterministic mode decodes one sequence at a time"
+        )
         return SoloDecoder(self.model)
 
     # --- requests -----------------------------------------------------------
@@ -219,7 +221,9 @@ class CpuEngine:
                 # A checkpoint with tied embeddings stores no lm_head: it is the embedding.
                 self.model.load_state_dict(state, strict=not self.model.config.tie_word_embeddings)
             except RuntimeError as exc:
-                raise InvalidRequest(f"model_path: weights in {model_path} do not fit the served model: {exc}") from None
+                raise InvalidRequest(
+                    f"model_path: weights in {model_path} do not fit the served model: {exc}"
+                ) from None
             # Caches made with the old weights are stale: kept sequences are prefilled again.
             self.decoder.reset()
             self.model_path = model_path

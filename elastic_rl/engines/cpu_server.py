@@ -59,7 +59,6 @@ class RouterProbeFilter(logging.Filter):
         return True
 
 
-
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
@@ -211,7 +210,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weight-version", default="0", help="version reported before any update")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument(
-        "--wait-for-model", type=float, default=0.0, metavar="S",
+        "--wait-for-model",
+        type=float,
+        default=0.0,
+        metavar="S",
         help="wait up to S seconds for --model-path to appear (it may still be being written)",
     )
     parser.add_argument(
@@ -228,9 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         time.sleep(MODEL_POLL_S)  # the folder appears whole (written aside, then renamed)
     if not (args.model_path / "config.json").is_file():
         parser.error(f"--model-path {args.model_path}: no config.json there; give an HF checkpoint folder")
-    engine = CpuEngine(
-        args.model_path, args.max_batch_size, args.weight_version, args.enable_deterministic_inference
-    )
+    engine = CpuEngine(args.model_path, args.max_batch_size, args.weight_version, args.enable_deterministic_inference)
     server_args = {
         "engine": "elastic-rl-cpu",
         "model_path": str(args.model_path),
@@ -244,9 +244,12 @@ def main(argv: list[str] | None = None) -> None:
     log.info("serving %s on http://%s:%d", args.model_path, args.host, args.port)
     logging.getLogger("aiohttp.server").addFilter(RouterProbeFilter())
     web.run_app(
-        build_app(engine, server_args), host=args.host, port=args.port, print=None,
+        build_app(engine, server_args),
+        host=args.host,
+        port=args.port,
+        print=None,
         access_log_class=AccessLogWithoutHealthChecks,
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

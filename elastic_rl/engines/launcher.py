@@ -33,26 +33,42 @@ def engine_command(
     determinism = ["--enable-deterministic-inference"] if deterministic else []
     if spec.kind == "cpu":
         return [
-            sys.executable, "-m", "elastic_rl.engines.cpu_server",
-            "--model-path", str(model_path),
-            "--host", host,
-            "--port", str(port),
-            "--weight-version", weight_version,
+            sys.executable,
+            "-m",
+            "elastic_rl.engines.cpu_server",
+            "--model-path",
+            str(model_path),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--weight-version",
+            weight_version,
             # erld starts cpu engines while the job's first weights are still being exported: they import meanwhile.
-            "--wait-for-model", str(spec.startup_timeout_s),
+            "--wait-for-model",
+            str(spec.startup_timeout_s),
             *determinism,
-        ]  # fmt: skip
+        ]
     command = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", str(model_path),
-        "--host", host,
-        "--port", str(port),
-        "--tp-size", str(spec.tp_size),
-        "--dtype", spec.dtype,
-        "--mem-fraction-static", str(spec.mem_fraction_static),
-        "--weight-version", weight_version,
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(spec.tp_size),
+        "--dtype",
+        spec.dtype,
+        "--mem-fraction-static",
+        str(spec.mem_fraction_static),
+        "--weight-version",
+        weight_version,
         *determinism,
-    ]  # fmt: skip
+    ]
     return command + list(spec.extra_args)
 
 
@@ -83,4 +99,3 @@ def start_engine(
         stderr=subprocess.STDOUT if log_file is not None else None,
         env={**(os.environ if env is None else env), **engine_env(spec)},
     )
-

@@ -36,19 +36,32 @@ def router_command(
     ``circuit_open_s``: erld replaces dead engines itself, so a long open circuit
     would only keep a healthy replacement out of rotation."""
     return [
-        sys.executable, "-m", "sglang_router.launch_router",
-        "--host", host,
-        "--port", str(port),
-        "--policy", policy,
-        "--health-check-interval-secs", str(health_check_interval_s),
-        "--health-check-endpoint", "/health",
-        "--retry-max-retries", str(max_retries),
-        "--cb-timeout-duration-secs", str(circuit_open_s),
-        "--request-timeout-secs", str(request_timeout_s),
-        "--prometheus-host", host,
-        "--prometheus-port", str(metrics_port),
-        "--log-level", "warn",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--policy",
+        policy,
+        "--health-check-interval-secs",
+        str(health_check_interval_s),
+        "--health-check-endpoint",
+        "/health",
+        "--retry-max-retries",
+        str(max_retries),
+        "--cb-timeout-duration-secs",
+        str(circuit_open_s),
+        "--request-timeout-secs",
+        str(request_timeout_s),
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        str(metrics_port),
+        "--log-level",
+        "warn",
+    ]
 
 
 class RouterClient(EngineClient):

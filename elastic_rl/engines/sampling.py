@@ -45,11 +45,13 @@ class SamplingParams:
         if unknown:
             raise InvalidRequest(f"sampling_params: unknown key(s) {unknown}; known: {sorted(known)}")
         stop = data.get("stop") or ()
-        params = cls(**{
-            **data,
-            "stop_token_ids": tuple(data.get("stop_token_ids") or ()),
-            "stop": (stop,) if isinstance(stop, str) else tuple(stop),
-        })  # fmt: skip
+        params = cls(
+            **{
+                **data,
+                "stop_token_ids": tuple(data.get("stop_token_ids") or ()),
+                "stop": (stop,) if isinstance(stop, str) else tuple(stop),
+            }
+        )
         params._check()
         return params
 
@@ -61,7 +63,9 @@ class SamplingParams:
         if self.top_k == 0 or self.top_k < -1:
             raise InvalidRequest(f"sampling_params.top_k must be -1 or positive, got {self.top_k}")
         if not all(isinstance(text, str) and text for text in self.stop):
-            raise InvalidRequest(f"sampling_params.stop must be a string or a list of non-empty strings, got {self.stop}")
+            raise InvalidRequest(
+                f"sampling_params.stop must be a string or a list of non-empty strings, got {self.stop}"
+            )
         if self.max_new_tokens < 0:
             raise InvalidRequest(f"sampling_params.max_new_tokens must be >= 0, got {self.max_new_tokens}")
 
@@ -79,9 +83,7 @@ def _truncate(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
-def choose_next_token(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
-) -> tuple[int, float]:
+def choose_next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
     """The next token for one sequence and its log probability. ``logits``: [vocab], float32."""
     if params.temperature == 0:
         log_probs = logits.log_softmax(-1)

@@ -121,10 +121,12 @@ def from_hf_config(folder: Path) -> Architecture:
     classes = config.get("architectures") or []
     family = FAMILIES.get(classes[0]) if classes else None
     if family is None:
-        raise SpecError([
-            f"{where}: architecture {classes[0] if classes else 'missing'!r} is not supported; "
-            f"supported: {', '.join(FAMILIES)}"
-        ])  # fmt: skip
+        raise SpecError(
+            [
+                f"{where}: architecture {classes[0] if classes else 'missing'!r} is not supported; "
+                f"supported: {', '.join(FAMILIES)}"
+            ]
+        )
     problems = []
     if config.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act {config['hidden_act']!r} (only silu)")

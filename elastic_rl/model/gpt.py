@@ -40,7 +40,9 @@ from elastic_rl.model.cpu_shim import apply_cpu_shim
 from policies.devices import DeviceKind, Precision, ProcessDevice
 
 
-def transformer_config(arch: Architecture, tensor_parallel: int, precision: Precision = Precision.FP32) -> TransformerConfig:
+def transformer_config(
+    arch: Architecture, tensor_parallel: int, precision: Precision = Precision.FP32
+) -> TransformerConfig:
     """megatron's config of ``arch``: fp32 parameters always; in bf16 the forward pass autocasts."""
     mixed = precision is Precision.BF16
     return TransformerConfig(
@@ -136,7 +138,9 @@ def init_model_parallel(
         if os.environ.get(RENDEZVOUS):
             rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
             store = rendezvous_store(rank, world, os.environ["MASTER_ADDR"], Path(os.environ[RENDEZVOUS]), timeout)
-            torch.distributed.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
+            torch.distributed.init_process_group(
+                backend=backend, store=store, rank=rank, world_size=world, timeout=timeout
+            )
         else:
             single = {"world_size": 1, "rank": 0} if init_method else {}
             torch.distributed.init_process_group(backend=backend, init_method=init_method, timeout=timeout, **single)

@@ -21,9 +21,7 @@ def _gather(shard: torch.Tensor, dim: int) -> list[torch.Tensor]:
     if world == 1:
         return [shard]
     shards = [torch.empty_like(shard) for _ in range(world)]
-    torch.distributed.all_gather(
-        shards, shard.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
-    )
+    torch.distributed.all_gather(shards, shard.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
     return shards
 
 

@@ -59,10 +59,14 @@ class ModelSource:
 
     def _load(self, checkpoint: Path, precision: Precision) -> torch.nn.Module:
         model = build_gpt(self.architecture, _tp_size(), precision)
-        import_hf_weights(model, self.architecture, checkpoint, parallel_state.get_tensor_model_parallel_rank(), _tp_size())
+        import_hf_weights(
+            model, self.architecture, checkpoint, parallel_state.get_tensor_model_parallel_rank(), _tp_size()
+        )
         return model
 
-    def build_policy(self, precision: Precision = Precision.FP32, device: torch.device | str | None = None) -> torch.nn.Module:
+    def build_policy(
+        self, precision: Precision = Precision.FP32, device: torch.device | str | None = None
+    ) -> torch.nn.Module:
         """The policy on this rank with its initial weights, on ``device`` (by default the one erld
         assigned this process). Model parallelism must be initialised."""
         if self.checkpoint is None:
@@ -72,9 +76,12 @@ class ModelSource:
         return model.to(device or assigned().torch_device)
 
     def build_reference(
-        self, policy: torch.nn.Module, reference: str, precision: Precision = Precision.FP32,
+        self,
+        policy: torch.nn.Module,
+        reference: str,
+        precision: Precision = Precision.FP32,
         device: torch.device | str | None = None,
-    ) -> torch.nn.Module:  # fmt: skip
+    ) -> torch.nn.Module:
         """The frozen KL reference on ``device`` (by default the process's): a copy of the freshly built
         policy, or another checkpoint.
 

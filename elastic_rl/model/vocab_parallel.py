@@ -60,7 +60,5 @@ def gather_logits(logits: torch.Tensor) -> torch.Tensor:
     if world == 1:
         return logits
     shards = [torch.empty_like(logits) for _ in range(world)]
-    torch.distributed.all_gather(
-        shards, logits.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
-    )
+    torch.distributed.all_gather(shards, logits.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
     return torch.cat(shards, dim=-1)

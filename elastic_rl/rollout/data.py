@@ -45,8 +45,9 @@ def read_chat(messages: Any, key: str) -> Chat:
     where = f"{key!r} (data.messages_key)"
     if not isinstance(messages, list) or not messages:
         raise ValueError(f"{where} is not a non-empty list of messages")
-    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-               for m in messages):  # fmt: skip
+    if not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
+    ):
         raise ValueError(f"each message in {where} needs a string 'role' and a string 'content'")
     roles = [message["role"] for message in messages]
     if ASSISTANT not in roles:

@@ -23,6 +23,7 @@ from elastic_rl.rollout.generation import GroupGenerator, derived_seed, stop_par
 from elastic_rl.rollout.prompts import render
 from elastic_rl.rollout.scoring import Scored, Scorer
 
+
 class Evaluator:
     def __init__(self, spec: JobSpec, tokenizer, generator: GroupGenerator, scorer: Scorer):
         self.spec = spec
@@ -58,17 +59,21 @@ class Evaluator:
             metrics.update(await self._one(dataset, prompts, rollout_id))
         return metrics
 
-    async def _one(self, dataset: EvalDataset, prompts: list[tuple[Prompt, list[int]]], rollout_id: int) -> dict[str, float]:
+    async def _one(
+        self, dataset: EvalDataset, prompts: list[tuple[Prompt, list[int]]], rollout_id: int
+    ) -> dict[str, float]:
         started = time.monotonic()
         limit = self.spec.prompt_limit
         fitting = [(prompt, ids) for prompt, ids in prompts if len(ids) <= limit]
         n = dataset.n_samples_per_prompt
 
         async def group(number: int, prompt: Prompt, ids: list[int]) -> list[Scored]:
-            samples = await asyncio.gather(*(
-                self.generator.make(prompt, ids, self.sampling_params(dataset, rollout_id, number * n + sample), [])
-                for sample in range(n)
-            ))  # fmt: skip
+            samples = await asyncio.gather(
+                *(
+                    self.generator.make(prompt, ids, self.sampling_params(dataset, rollout_id, number * n + sample), [])
+                    for sample in range(n)
+                )
+            )
             lengths.extend(len(sample.output_ids) for sample in samples)
             return await self.scorer.score(prompt, list(samples))
 

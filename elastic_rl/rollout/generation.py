@@ -163,7 +163,9 @@ class GroupGenerator:
             if sample.finished:
                 return sample
             params = self.sampling_params(seed, len(sample.output_ids))
-            return await self.make(group.prompt, group.prompt_ids, params, results, sample, abortable=not work.continued)
+            return await self.make(
+                group.prompt, group.prompt_ids, params, results, sample, abortable=not work.continued
+            )
 
         samples = await asyncio.gather(*(one(sample, seed) for sample, seed in zip(group.samples, work.seeds)))
         return Group(group.prompt, group.prompt_ids, list(samples))
@@ -215,9 +217,13 @@ class GroupGenerator:
             error = f"prompt {prompt.index}: the generate function's answer is unusable: {exc}"
             return Sample([], [], session.segments, SampleStatus.COMPLETED, error=error)
         return Sample(
-            list(made.output_ids), list(made.logprobs), session.segments, status,
-            loss_mask=list(made.loss_mask), metadata=dict(made.metadata),
-        )  # fmt: skip
+            list(made.output_ids),
+            list(made.logprobs),
+            session.segments,
+            status,
+            loss_mask=list(made.loss_mask),
+            metadata=dict(made.metadata),
+        )
 
     async def abort(self) -> list[str]:
         """Abort what the engines are generating; each request answers with what it made so far.

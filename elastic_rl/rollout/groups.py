@@ -206,7 +206,9 @@ def to_batch(groups: list[Group], pad_id: int) -> RolloutBatch:
         start, end = len(group.prompt_ids), len(group.prompt_ids) + len(sample.output_ids)
         tokens[i, :end] = torch.tensor(group.prompt_ids + sample.output_ids)
         engine_logprobs[i, start:end] = torch.tensor(sample.logprobs)
-        loss_mask[i, start:end] = 1.0 if sample.loss_mask is None else torch.tensor(sample.loss_mask, dtype=torch.float32)
+        loss_mask[i, start:end] = (
+            1.0 if sample.loss_mask is None else torch.tensor(sample.loss_mask, dtype=torch.float32)
+        )
     return RolloutBatch(
         tokens=tokens,
         prompt_lengths=torch.tensor([len(group.prompt_ids) for group, _ in rows]),

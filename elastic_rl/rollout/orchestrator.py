@@ -161,9 +161,10 @@ class Orchestrator:
             return_exceptions=True,
         )
         return {
-            url for url, info in zip(urls, infos)
+            url
+            for url, info in zip(urls, infos)
             if isinstance(info, Exception) or str(info.get("weight_version")) != str(version)
-        }  # fmt: skip
+        }
 
     # --- the loop ---------------------------------------------------------------
 
@@ -281,7 +282,9 @@ class Orchestrator:
             # Every prompt generated for this rollout, in draw order, and every group dropped, with why:
             # with the batch and the buffer they account for each drawn prompt once.
             "drawn_prompts": [[p.index, p.epoch] for p in filled.drawn],
-            "dropped_groups": [[group.prompt.index, group.prompt.epoch, reason.value] for group, reason in filled.dropped],
+            "dropped_groups": [
+                [group.prompt.index, group.prompt.epoch, reason.value] for group, reason in filled.dropped
+            ],
             "samples": samples_record(filled.groups),
         }
         return batch, meta

@@ -82,8 +82,12 @@ def render_example(tokenizer: PreTrainedTokenizerBase, data: DataSpec, prompt: P
     end-of-sequence. ``SpecError`` for a chat the template cannot split into turns."""
     if prompt.chat or data.apply_chat_template:
         if not data.apply_chat_template:
-            raise SpecError([f"a chat (data.messages_key {data.messages_key!r}) is rendered through the chat "
-                             f"template: set data.apply_chat_template: true"])  # fmt: skip
+            raise SpecError(
+                [
+                    f"a chat (data.messages_key {data.messages_key!r}) is rendered through the chat "
+                    f"template: set data.apply_chat_template: true"
+                ]
+            )
         chat = prompt.chat or (("user", prompt.text), (ASSISTANT, prompt.label))
         messages = [{"role": role, "content": content} for role, content in chat]
         return render_chat(tokenizer, _with_system(data, messages))
@@ -104,8 +108,12 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> Super
     after that, a newline say, is not.
     """
     if tokenizer.chat_template is None:
-        raise SpecError(["data.apply_chat_template: the tokenizer has no chat template; use a model.hf_checkpoint with "
-                         "one, or train on (prompt, response) pairs with apply_chat_template off"])  # fmt: skip
+        raise SpecError(
+            [
+                "data.apply_chat_template: the tokenizer has no chat template; use a model.hf_checkpoint with "
+                "one, or train on (prompt, response) pairs with apply_chat_template off"
+            ]
+        )
     whole = _template(tokenizer, messages, generation_prompt=False)
     tokens = _ids(tokenizer, whole)
     mask = [0] * len(tokens)
@@ -130,18 +138,30 @@ def _template(tokenizer: PreTrainedTokenizerBase, messages: Messages, generation
 
 
 def _prefix_length(
-    tokenizer: PreTrainedTokenizerBase, messages: Messages, generation_prompt: bool, whole: str, tokens: list[int],
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Messages,
+    generation_prompt: bool,
+    whole: str,
+    tokens: list[int],
     where: str,
-) -> int:  # fmt: skip
+) -> int:
     """How many of the whole chat's tokens its beginning ``messages`` takes (``where`` names it for errors)."""
     text = _template(tokenizer, messages, generation_prompt)
     if not whole.startswith(text):
-        raise SpecError([f"the chat template renders the chat {where} differently once later messages follow, "
-                         f"so the assistant's tokens cannot be found"])  # fmt: skip
+        raise SpecError(
+            [
+                f"the chat template renders the chat {where} differently once later messages follow, "
+                f"so the assistant's tokens cannot be found"
+            ]
+        )
     ids = _ids(tokenizer, text)
     if tokens[: len(ids)] != ids:
-        raise SpecError([f"the chat's tokens {where} differ from the whole chat's (a token spans the border of "
-                         f"a turn), so the assistant's tokens cannot be found"])  # fmt: skip
+        raise SpecError(
+            [
+                f"the chat's tokens {where} differ from the whole chat's (a token spans the border of "
+                f"a turn), so the assistant's tokens cannot be found"
+            ]
+        )
     return len(ids)
 
 
@@ -201,12 +221,20 @@ def check_data(spec: JobSpec) -> DataReport | None:
     if source is not None:
         committed = layout.committed_rollouts(source)
         if len(committed) < spec.rollout.num_rollouts:
-            raise SpecError([f"debug.train_only: {source} holds {len(committed)} committed rollouts, and the job "
-                             f"trains {spec.rollout.num_rollouts} (rollout.num_rollouts)"])  # fmt: skip
+            raise SpecError(
+                [
+                    f"debug.train_only: {source} holds {len(committed)} committed rollouts, and the job "
+                    f"trains {spec.rollout.num_rollouts} (rollout.num_rollouts)"
+                ]
+            )
         rows, wanted = batch_rows(source, committed[0]), spec.rollout.samples_per_rollout
         if rows != wanted:
-            raise SpecError([f"debug.train_only: {source}'s rollouts hold {rows} samples, and the job trains "
-                             f"{wanted} a rollout (rollout.prompts_per_rollout x n_samples_per_prompt)"])  # fmt: skip
+            raise SpecError(
+                [
+                    f"debug.train_only: {source}'s rollouts hold {rows} samples, and the job trains "
+                    f"{wanted} a rollout (rollout.prompts_per_rollout x n_samples_per_prompt)"
+                ]
+            )
     for dataset in spec.eval.datasets:
         _refuse_chats(dataset.path, jsonl_lines(dataset.path, data), "eval cannot score: give a prompt and its label")
     if data.path is None:
@@ -218,11 +246,16 @@ def check_data(spec: JobSpec) -> DataReport | None:
         max_new_tokens = spec.rollout.max_new_tokens
         examples = _supervised_examples(spec, tokenizer, records)
         too_long = [line for line, example in examples if not example.fits(limit, max_new_tokens)]
-        limits = (f"with a prompt over {limit} tokens (rollout.max_prompt_len) or a response over "
-                  f"{max_new_tokens} (rollout.max_new_tokens)")  # fmt: skip
+        limits = (
+            f"with a prompt over {limit} tokens (rollout.max_prompt_len) or a response over "
+            f"{max_new_tokens} (rollout.max_new_tokens)"
+        )
     else:
-        _refuse_chats(data.path, records, "only SFT trains on (algorithm.kind sft): give a prompt in "
-                                          f"{data.prompt_key!r} (data.prompt_key)")  # fmt: skip
+        _refuse_chats(
+            data.path,
+            records,
+            f"only SFT trains on (algorithm.kind sft): give a prompt in {data.prompt_key!r} (data.prompt_key)",
+        )
         too_long = [line for line, text, _, _ in records if len(render(tokenizer, data, text)) > limit]
         limits = f"longer than {limit} tokens (rollout.max_prompt_len)"
     if len(too_long) == len(records):

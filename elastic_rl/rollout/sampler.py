@@ -158,7 +158,10 @@ class GroupSampler:
         return [
             Work(
                 group,
-                [(rollout_id, "continued", group.prompt.epoch, group.prompt.index, i) for i in range(len(group.samples))],
+                [
+                    (rollout_id, "continued", group.prompt.epoch, group.prompt.index, i)
+                    for i in range(len(group.samples))
+                ],
                 continued=True,
             )
             for group in groups
@@ -223,8 +226,9 @@ class GroupSampler:
         try:
             while pending:
                 aborting = generator.full and not any(tasks[task] for task in pending)
-                done, pending = await asyncio.wait(pending, timeout=ABORT_REPEAT_S if aborting else None,
-                                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                done, pending = await asyncio.wait(
+                    pending, timeout=ABORT_REPEAT_S if aborting else None, return_when=asyncio.FIRST_COMPLETED
+                )
                 kept += sum([await self._keep_buffer_or_drop(task.result(), filled) for task in done])
                 generator.full = len(filled.groups) >= wanted  # from now on only continued groups' requests are sent
                 if pending and generator.full and not any(tasks[task] for task in pending):
@@ -295,12 +299,13 @@ class GroupSampler:
             why.append(f"rollout.dynamic_filter {self.spec.rollout.dynamic_filter} dropped {filtered} group(s)")
         if unscorable:
             why.append(f"{unscorable} group(s) could not be scored (the first: {filled.errors[0]})")
-        return (
-            f"{rounds} generation rounds in a row kept no group (rollout.max_filtered_rounds): "
-            + ("; ".join(why) or "every group was aborted")
+        return f"{rounds} generation rounds in a row kept no group (rollout.max_filtered_rounds): " + (
+            "; ".join(why) or "every group was aborted"
         )
 
-    def _metrics(self, filled: Filled, results: list[dict], rounds: int, from_buffer: int, elapsed: float) -> dict[str, float]:
+    def _metrics(
+        self, filled: Filled, results: list[dict], rounds: int, from_buffer: int, elapsed: float
+    ) -> dict[str, float]:
         n = self.spec.rollout.n_samples_per_prompt
         rewards = [reward for group in filled.groups for reward in group.rewards]
         lengths = [len(sample.output_ids) for group in filled.groups for sample in group.samples]
@@ -309,7 +314,9 @@ class GroupSampler:
         stale = sum(1 for _, reason in filled.dropped if reason is DropReason.STALE)
         metrics = {
             "rollout/reward_mean": mean,
-            "rollout/reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) if len(rewards) > 1 else 0.0,
+            "rollout/reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+            if len(rewards) > 1
+            else 0.0,
             "rollout/response_length_mean": sum(lengths) / len(lengths),
             "rollout/response_length_max": float(max(lengths)),
             "rollout/time": elapsed,

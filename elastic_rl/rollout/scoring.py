@@ -66,7 +66,9 @@ class Scorer:
             try:
                 values = await _called(self.group_function, inputs)
             except Exception as exc:  # a user's function: any error is bad data, not a dead job
-                return [(None, self._why(prompt, f"the group reward raised {type(exc).__name__}: {exc}"))] * len(samples)
+                return [(None, self._why(prompt, f"the group reward raised {type(exc).__name__}: {exc}"))] * len(
+                    samples
+                )
             if not isinstance(values, (list, tuple)) or len(values) != len(samples):
                 why = f"the group reward returned {values!r:.80}, not a list of {len(samples)} rewards"
                 return [(None, self._why(prompt, why))] * len(samples)
@@ -90,7 +92,9 @@ class Scorer:
             if key is None:
                 return None, self._why(prompt, f"the reward returned a dict ({sorted(value)}): set rollout.reward_key")
             if key not in value:
-                return None, self._why(prompt, f"the reward's dict has no {key!r} (rollout.reward_key): {sorted(value)}")
+                return None, self._why(
+                    prompt, f"the reward's dict has no {key!r} (rollout.reward_key): {sorted(value)}"
+                )
             value = value[key]
         try:
             reward = float(value)

@@ -51,4 +51,3 @@ def arithmetic(count: int, seed: int) -> Records:
         text = template.format(a=a, b=b, name=rng.choice(NAMES), item=rng.choice(ITEMS))
         records.append((text, str(a + b if adds else a - b)))
     return records
-

@@ -152,8 +152,10 @@ class Store:
         revision (never changed since the caller read it); True if they were done."""
         return await self._transaction(
             lambda tx: [tx.mod(guard.encode()) == guard_revision],
-            lambda tx: [tx.put(key.encode(), _encode(value)) for key, value in puts.items()]
-            + [tx.delete(key.encode()) for key in deletes],
+            lambda tx: (
+                [tx.put(key.encode(), _encode(value)) for key, value in puts.items()]
+                + [tx.delete(key.encode()) for key in deletes]
+            ),
         )
 
     async def modify(self, key: str, change: Callable[[Any], Any], attempts: int = 20) -> Any:

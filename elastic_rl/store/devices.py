@@ -59,7 +59,9 @@ def assignment_slots(assignment: dict[str, Any]) -> tuple[int, ...]:
     return () if assignment.get("device") is None else (assignment["device"],)
 
 
-def used_slots(statuses: dict[str, dict[str, Any]], assignments: dict[str, dict[str, dict[str, Any]]]) -> dict[str, set[int]]:
+def used_slots(
+    statuses: dict[str, dict[str, Any]], assignments: dict[str, dict[str, dict[str, Any]]]
+) -> dict[str, set[int]]:
     """Node -> slots that assignments of active jobs hold."""
     used: dict[str, set[int]] = {}
     for job_id, procs in assignments.items():
@@ -83,12 +85,19 @@ async def free_device_slots(store: Store, statuses: dict[str, dict[str, Any]] | 
     return free
 
 
-async def mark_failed(store: Store, node: str, devices: list[int], reason: str, cooldown_s: float | None = None) -> None:
+async def mark_failed(
+    store: Store, node: str, devices: list[int], reason: str, cooldown_s: float | None = None
+) -> None:
     now = time.time()
     for device in devices:
         await store.put(
             keys.ledger_entry(node, device),
-            {"state": "failed", "reason": reason, "since": now, "until": None if cooldown_s is None else now + cooldown_s},
+            {
+                "state": "failed",
+                "reason": reason,
+                "since": now,
+                "until": None if cooldown_s is None else now + cooldown_s,
+            },
         )
 
 

@@ -37,17 +37,27 @@ def etcd_command(
     client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
     return [
         binary,
-        "--name", name,
-        "--data-dir", str(data_dir),
-        "--listen-client-urls", client,
-        "--advertise-client-urls", client,
-        "--listen-peer-urls", peer,
-        "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", initial_cluster or f"{name}={peer}",
-        "--initial-cluster-state", "new",
-        "--logger", "zap",
-        "--log-level", "warn",
-    ]  # fmt: skip
+        "--name",
+        name,
+        "--data-dir",
+        str(data_dir),
+        "--listen-client-urls",
+        client,
+        "--advertise-client-urls",
+        client,
+        "--listen-peer-urls",
+        peer,
+        "--initial-advertise-peer-urls",
+        peer,
+        "--initial-cluster",
+        initial_cluster or f"{name}={peer}",
+        "--initial-cluster-state",
+        "new",
+        "--logger",
+        "zap",
+        "--log-level",
+        "warn",
+    ]
 
 
 class EmbeddedEtcd:

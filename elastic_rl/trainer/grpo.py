@@ -35,9 +35,16 @@ from policies.nan_guard import Decision, Response, StepHealth, decide, needs_rec
 
 # Sums over the step's samples, all-reduced across replicas; samples_per_step proves the global batch was whole.
 METRIC_NAMES = (
-    "loss", "pg_loss", "ppo_kl", "entropy", "clipfrac", "kl", "samples_per_step",
-    "tis_weight_mean", "tis_clipped_fraction",
-)  # fmt: skip
+    "loss",
+    "pg_loss",
+    "ppo_kl",
+    "entropy",
+    "clipfrac",
+    "kl",
+    "samples_per_step",
+    "tis_weight_mean",
+    "tis_clipped_fraction",
+)
 # Reported only with algorithm.tis_cap: the mean TIS weight, and the share of tokens whose weight is the cap.
 TIS_ONLY = ("tis_weight_mean", "tis_clipped_fraction")
 # Meaningless for SFT, which has no old policy, clipping or reference; its loss is the NLL.
@@ -167,9 +174,14 @@ class GrpoTrainer:
         # KL in the reward is the rollout's policy against the reference, fixed for all its steps.
         token_kl = KL_ESTIMATORS[algorithm.kl_estimator](old_logp, ref_logp) if algorithm.kl_in_reward else None
         advantages = token_advantages(
-            algorithm.advantage_estimator, batch.rewards, mask, self.spec.rollout.n_samples_per_prompt,
-            algorithm.normalize_advantages_by_std, token_kl, algorithm.kl_coef,
-        )  # fmt: skip
+            algorithm.advantage_estimator,
+            batch.rewards,
+            mask,
+            self.spec.rollout.n_samples_per_prompt,
+            algorithm.normalize_advantages_by_std,
+            token_kl,
+            algorithm.kl_coef,
+        )
         return RolloutContext(rollout_id, batch, mask, advantages, old_logp, ref_logp, gap, ref_gap)
 
     def _shard_loss(
@@ -183,23 +195,35 @@ class GrpoTrainer:
             m = ctx.mask[cut]
             logp, ent = sequence_log_probs(self.model, ctx.batch.tokens[cut], spec.rollout.temperature)
             ref_logp = None if ctx.ref_logp is None else ctx.ref_logp[cut]
-            terms = token_losses(spec.algorithm, logp, ent, ctx.old_logp[cut], ctx.batch.engine_logprobs[cut],
-                                 ref_logp, ctx.token_advantages[cut], m)  # fmt: skip
+            terms = token_losses(
+                spec.algorithm,
+                logp,
+                ent,
+                ctx.old_logp[cut],
+                ctx.batch.engine_logprobs[cut],
+                ref_logp,
+                ctx.token_advantages[cut],
+                m,
+            )
             loss = aggregate(terms.loss, m, spec.algorithm.loss_aggregation, global_tokens, global_samples)
             if backward:
                 loss.backward()
             tis = terms.tis_weight
-            sums += torch.tensor([
-                loss.item(),
-                reduce_global(terms.pg.detach(), m, global_tokens).item(),
-                reduce_global(ppo_kl(logp.detach(), ctx.old_logp[cut]), m, global_tokens).item(),
-                reduce_global(ent.detach(), m, global_tokens).item(),
-                reduce_global(terms.clipped, m, global_tokens).item(),
-                0.0 if terms.kl is None else reduce_global(terms.kl.detach(), m, global_tokens).item(),
-                len(mb),
-                0.0 if tis is None else reduce_global(tis, m, global_tokens).item(),
-                0.0 if tis is None else reduce_global((tis >= spec.algorithm.tis_cap).float(), m, global_tokens).item(),
-            ])  # fmt: skip
+            sums += torch.tensor(
+                [
+                    loss.item(),
+                    reduce_global(terms.pg.detach(), m, global_tokens).item(),
+                    reduce_global(ppo_kl(logp.detach(), ctx.old_logp[cut]), m, global_tokens).item(),
+                    reduce_global(ent.detach(), m, global_tokens).item(),
+                    reduce_global(terms.clipped, m, global_tokens).item(),
+                    0.0 if terms.kl is None else reduce_global(terms.kl.detach(), m, global_tokens).item(),
+                    len(mb),
+                    0.0 if tis is None else reduce_global(tis, m, global_tokens).item(),
+                    0.0
+                    if tis is None
+                    else reduce_global((tis >= spec.algorithm.tis_cap).float(), m, global_tokens).item(),
+                ]
+            )
         return sums
 
     def step(self, ctx: RolloutContext, index: int) -> StepOutcome:
@@ -253,16 +277,24 @@ class GrpoTrainer:
             self.consecutive_skips = 0
             if index == 0:
                 ctx.metrics.add(first_step_ppo_kl=sums[METRIC_NAMES.index("ppo_kl")])
-            ctx.metrics.add(**dict(zip(METRIC_NAMES, sums.tolist())), grad_norm=norm.item(),
-                            step_time=time.monotonic() - step_started, snapshot_gate_time=gate_time,
-                            participants=self.manager.num_participants())  # fmt: skip
+            ctx.metrics.add(
+                **dict(zip(METRIC_NAMES, sums.tolist())),
+                grad_norm=norm.item(),
+                step_time=time.monotonic() - step_started,
+                snapshot_gate_time=gate_time,
+                participants=self.manager.num_participants(),
+            )
         elif decision.response is Response.SKIP:
             self.consecutive_skips += 1
         return StepOutcome(committed, decision, leader=rank == 0)
 
     @torch.no_grad()
     def _recompute(
-        self, ctx: RolloutContext, health: StepHealth, shards: tuple[torch.Tensor, ...], verdicts: torch.Tensor,
+        self,
+        ctx: RolloutContext,
+        health: StepHealth,
+        shards: tuple[torch.Tensor, ...],
+        verdicts: torch.Tensor,
         global_tokens: int,
     ) -> StepHealth:
         """Rerun each non-finite shard on its own replica, then the persistent ones on a healthy replica."""

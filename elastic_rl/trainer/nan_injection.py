@@ -60,7 +60,9 @@ class NanInjector:
                 self.armed = False
 
         trainer._shard_loss = shard_loss
-        trainer.model.register_forward_hook(lambda module, inputs, output: output * float("nan") if self.armed else None)
+        trainer.model.register_forward_hook(
+            lambda module, inputs, output: output * float("nan") if self.armed else None
+        )
 
 
 def install_from_environment(trainer, replica: int) -> None:

@@ -18,9 +18,15 @@ from policies.nan_guard import Decision, Response
 
 
 def respond_to_nan(
-    decision: Decision, reports: bool, workdir: Path, rollout_id: int, step: int, proc: str, replica: int,
+    decision: Decision,
+    reports: bool,
+    workdir: Path,
+    rollout_id: int,
+    step: int,
+    proc: str,
+    replica: int,
     device: str | None,
-) -> None:  # fmt: skip
+) -> None:
     """Record the NaN guard's decision on a step; end the process where the response needs a restart.
 
     ``reports``: this rank emits the events every replica would emit alike (the step's leader's rank 0).

@@ -32,9 +32,14 @@ log = logging.getLogger("elastic_rl.trainer")
 
 class RolloutPublisher:
     def __init__(
-        self, spec: JobSpec, workdir: Path, model: torch.nn.Module, source: ModelSource,
-        broadcaster: WeightBroadcaster | None = None, proc: str = "trainer",
-    ):  # fmt: skip
+        self,
+        spec: JobSpec,
+        workdir: Path,
+        model: torch.nn.Module,
+        source: ModelSource,
+        broadcaster: WeightBroadcaster | None = None,
+        proc: str = "trainer",
+    ):
         self.spec, self.workdir, self.model, self.source = spec, workdir, model, source
         self.broadcaster, self.proc = broadcaster, proc
         self.rank0 = torch.distributed.get_rank() == 0
@@ -71,8 +76,12 @@ class RolloutPublisher:
         took, failure = self.broadcaster.push(version, self.source.hf_state(weights))
         spent = time.monotonic() - started
         if failure is not None:
-            emit_event("weight_broadcast_failed", f"weights {version}: {failure}; the engines load them from disk",
-                       self.proc, version=version)  # fmt: skip
+            emit_event(
+                "weight_broadcast_failed",
+                f"weights {version}: {failure}; the engines load them from disk",
+                self.proc,
+                version=version,
+            )
         return {"train/broadcast_time": spent, "train/broadcast_engines": float(len(took))}
 
     def _write(self, rollout_id: int, weights: dict, metrics: dict) -> None:

@@ -100,9 +100,11 @@ class TrainerReplica:
         torch.set_num_threads(spec.trainer.cpu_threads)
 
         init_model_parallel(
-            spec.trainer.tensor_parallel, spec.seed, timeout_s=spec.fault_tolerance.model_parallel_timeout_s,
+            spec.trainer.tensor_parallel,
+            spec.seed,
+            timeout_s=spec.fault_tolerance.model_parallel_timeout_s,
             device=self.compute,
-        )  # fmt: skip
+        )
         self.rank = torch.distributed.get_rank()
         self.source = ModelSource.from_spec(spec.model)
         where = self.compute.torch_device
@@ -200,24 +202,41 @@ class TrainerReplica:
         )
         self.setup_s = time.time() - self.imports_done  # model, optimizer, process groups, manager
         self.snapshots = SnapshotWriter(
-            self.workdir, spec.checkpoints.async_save, on_committed=self._retain, on_failed=self._save_failed,
+            self.workdir,
+            spec.checkpoints.async_save,
+            on_committed=self._retain,
+            on_failed=self._save_failed,
             timeout=timedelta(seconds=ft.model_parallel_timeout_s),
-        )  # fmt: skip
+        )
         self.trainer = GrpoTrainer(
-            spec, self.model, self.optimizer, self.scheduler, self.manager, self.replica, self.reference,
+            spec,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.manager,
+            self.replica,
+            self.reference,
             self.snapshots.wait_staged,
-        )  # fmt: skip
+        )
         install_from_environment(self.trainer, self.replica)  # the chaos harness's NaN fault, if it set one
         broadcaster = None
         if spec.engines.weight_sync == "distributed" and self.rank == 0:
-            broadcaster = WeightBroadcaster(spec, os.environ[jobenv.ROUTER_URL], host, torch.device(self.compute.torch_device))
+            broadcaster = WeightBroadcaster(
+                spec, os.environ[jobenv.ROUTER_URL], host, torch.device(self.compute.torch_device)
+            )
         self.publisher = RolloutPublisher(spec, self.workdir, self.model, self.source, broadcaster, self.proc)
         self.leader = self.replica == 0  # until a quorum names participant 0
         self.resume()
         if self.rank == 0:
             imports = self.imports_done - psutil.Process().create_time()
-            emit_event("trainer_ready", f"imports {imports:.2f}s, setup {self.setup_s:.2f}s; asks for a quorum next",
-                       self.proc, device=self.device, imports_s=imports, setup_s=self.setup_s)  # fmt: skip
+            emit_event(
+                "trainer_ready",
+                f"imports {imports:.2f}s, setup {self.setup_s:.2f}s; asks for a quorum next",
+                self.proc,
+                device=self.device,
+                imports_s=imports,
+                setup_s=self.setup_s,
+            )
 
     def resume(self) -> None:
         """Take the newest snapshot's position. Its tensors are loaded at the first quorum, unless
@@ -303,8 +322,13 @@ class TrainerReplica:
             position = self.manager.current_step()
             rollout_id = position // self.steps_per_rollout
             log.info("healed from a peer at step %d (rollout %d)", position, rollout_id)
-            emit_event("replica_healed", f"took a peer's state at step {position}", self.proc, device=self.device,
-                       step=position)  # fmt: skip
+            emit_event(
+                "replica_healed",
+                f"took a peer's state at step {position}",
+                self.proc,
+                device=self.device,
+                step=position,
+            )
             # A peer at a rollout's first step may still hold the previous rollout's context:
             # the healed weights are the ones to compute it from.
             peer = self.healed["rollout"]
@@ -315,8 +339,13 @@ class TrainerReplica:
             self.load_s = time.monotonic() - load_started
             self.snapshot = None
             log.info("resumed from snapshot: step %d, last rollout %d", step, last_rollout)
-            emit_event("trainer_resumed", f"from snapshot {step}, replaying after rollout {last_rollout}", self.proc,
-                       device=self.device, step=step)  # fmt: skip
+            emit_event(
+                "trainer_resumed",
+                f"from snapshot {step}, replaying after rollout {last_rollout}",
+                self.proc,
+                device=self.device,
+                step=step,
+            )
         return position, None
 
     def train_step(self, rollout_id: int, index: int, position: int, peer_rollout: dict[str, Any] | None) -> bool:
@@ -327,11 +356,25 @@ class TrainerReplica:
         if self.manager.num_participants() != self.participants:
             self.participants = self.manager.num_participants()
             if self.manager.participating_rank() == 0 and self.rank == 0:
-                emit_event("quorum_changed", f"{self.participants} replica(s) train from step {position}", self.proc,
-                           device=self.device, step=position, participants=self.participants)  # fmt: skip
+                emit_event(
+                    "quorum_changed",
+                    f"{self.participants} replica(s) train from step {position}",
+                    self.proc,
+                    device=self.device,
+                    step=position,
+                    participants=self.participants,
+                )
         outcome = self.trainer.step(self.context, index)
-        respond_to_nan(outcome.decision, outcome.leader and self.rank == 0, self.workdir, rollout_id, position,
-                       self.proc, self.replica, self.device)  # fmt: skip
+        respond_to_nan(
+            outcome.decision,
+            outcome.leader and self.rank == 0,
+            self.workdir,
+            rollout_id,
+            position,
+            self.proc,
+            self.replica,
+            self.device,
+        )
         if outcome.committed:
             self.trained_any = True
             self.leader = outcome.leader
@@ -368,8 +411,14 @@ class TrainerReplica:
             "load_s": self.load_s,
             "replay_s": time.monotonic() - self.replay_started,
         }
-        emit_event("trainer_caught_up", f"replayed rollouts {self.first_rollout}..{rollout_id}", self.proc,
-                   device=self.device, rollouts=rollout_id - self.first_rollout + 1, **costs)  # fmt: skip
+        emit_event(
+            "trainer_caught_up",
+            f"replayed rollouts {self.first_rollout}..{rollout_id}",
+            self.proc,
+            device=self.device,
+            rollouts=rollout_id - self.first_rollout + 1,
+            **costs,
+        )
 
     def stop(self, rollout_id: int) -> None:
         """`erl stop`: the final snapshot, of the state after the last rollout applied."""
@@ -385,5 +434,6 @@ class TrainerReplica:
 
     def _save_failed(self, step: int, error: BaseException) -> None:
         log.error("snapshot %d failed: %r", step, error)
-        emit_event("snapshot_failed", f"snapshot {step} not saved ({error}); the next one tries again", self.proc,
-                   step=step)  # fmt: skip
+        emit_event(
+            "snapshot_failed", f"snapshot {step} not saved ({error}); the next one tries again", self.proc, step=step
+        )

@@ -88,8 +88,13 @@ class Watchdog:
     ``timeout_s``; if the block has not ended ``grace_s`` after that either, logs why and calls
     ``exit(EXIT_SYNC_HUNG)``: the last resort, for a hang that ``on_expiry`` did not end."""
 
-    def __init__(self, timeout_s: float, on_expiry: Callable[[], None], grace_s: float = ABORT_GRACE_S,
-                 exit: Callable[[int], None] = os._exit):  # fmt: skip
+    def __init__(
+        self,
+        timeout_s: float,
+        on_expiry: Callable[[], None],
+        grace_s: float = ABORT_GRACE_S,
+        exit: Callable[[int], None] = os._exit,
+    ):
         self.timeout_s, self.grace_s = timeout_s, grace_s
         self.expired = threading.Event()
         self._ended = threading.Event()
@@ -102,8 +107,11 @@ class Watchdog:
         self.expired.set()
         threading.Thread(target=self._on_expiry, name="weight-sync-abort", daemon=True).start()
         if not self._ended.wait(self.grace_s):
-            log.critical("the weight sync is still hung %.0f s after its abort: exiting %d for erld to restart "
-                         "this trainer", self.grace_s, EXIT_SYNC_HUNG)  # fmt: skip
+            log.critical(
+                "the weight sync is still hung %.0f s after its abort: exiting %d for erld to restart this trainer",
+                self.grace_s,
+                EXIT_SYNC_HUNG,
+            )
             self._exit(EXIT_SYNC_HUNG)
 
     def remaining(self) -> float:
@@ -162,26 +170,42 @@ class WeightBroadcaster:
 
         layout = group_layout(len(engines), self.tp_size)
         port = free_port(self.host)
-        joined = self._http(asyncio.gather(*(
-            _client(url).init_weights_update_group(self.host, port, offset, layout.world_size, name, self.timeout_s)
-            for url, offset in zip(engines, layout.rank_offsets)
-        )))  # fmt: skip
+        joined = self._http(
+            asyncio.gather(
+                *(
+                    _client(url).init_weights_update_group(
+                        self.host, port, offset, layout.world_size, name, self.timeout_s
+                    )
+                    for url, offset in zip(engines, layout.rank_offsets)
+                )
+            )
+        )
         self.group = init_custom_process_group(
-            backend="nccl", init_method=f"tcp://{self.host}:{port}", world_size=layout.world_size, rank=0,
-            group_name=name, timeout=timedelta(seconds=self.timeout_s),
-        )  # fmt: skip
+            backend="nccl",
+            init_method=f"tcp://{self.host}:{port}",
+            world_size=layout.world_size,
+            rank=0,
+            group_name=name,
+            timeout=timedelta(seconds=self.timeout_s),
+        )
         _check(engines, joined.result(watchdog.remaining()))
 
-    def _send(self, engines: list[str], name: str, bucket: dict[str, torch.Tensor], version: str | None,
-              watchdog: Watchdog) -> None:  # fmt: skip
+    def _send(
+        self, engines: list[str], name: str, bucket: dict[str, torch.Tensor], version: str | None, watchdog: Watchdog
+    ) -> None:
         names = list(bucket)
         dtypes = [dtype_name(t.dtype) for t in bucket.values()]
         shapes = [list(t.shape) for t in bucket.values()]
-        loaded = self._http(asyncio.gather(*(
-            _client(url).update_weights_from_distributed(names, dtypes, shapes, name, self.timeout_s, version,
-                                                         flush_cache=version is not None)
-            for url in engines
-        )))  # fmt: skip
+        loaded = self._http(
+            asyncio.gather(
+                *(
+                    _client(url).update_weights_from_distributed(
+                        names, dtypes, shapes, name, self.timeout_s, version, flush_cache=version is not None
+                    )
+                    for url in engines
+                )
+            )
+        )
         for tensor in bucket.values():
             torch.distributed.broadcast(tensor.to(self.device), group=self.group, group_src=0)
         torch.cuda.synchronize(self.device)
@@ -195,10 +219,12 @@ class WeightBroadcaster:
         if self.group is not None:
             torch.distributed.destroy_process_group(self.group)
             self.group = None
-        dissolved = self._http(asyncio.gather(
-            *(_client(url).destroy_weights_update_group(name, DISSOLVE_TIMEOUT_S) for url in engines),
-            return_exceptions=True,
-        ))  # fmt: skip
+        dissolved = self._http(
+            asyncio.gather(
+                *(_client(url).destroy_weights_update_group(name, DISSOLVE_TIMEOUT_S) for url in engines),
+                return_exceptions=True,
+            )
+        )
         try:
             answers = dissolved.result(DISSOLVE_TIMEOUT_S + 1)
         except TimeoutError:

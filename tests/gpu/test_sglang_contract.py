@@ -35,11 +35,26 @@ def test_the_engine_contract_holds_for_sglang(tmp_path):
         try:
             asyncio.run(EngineClient(url(port)).wait_healthy(spec.startup_timeout_s, server))
             contract = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_engine_contract.py"],
-                cwd=REPO, capture_output=True, text=True, timeout=1200,
-                env={**os.environ, "ERL_ENGINE_URL": url(port), "ERL_ENGINE_MODEL_PATH": str(SMOLLM2),
-                     "ERL_ENGINE_DETERMINISTIC": "1"},
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "tests/integration/test_engine_contract.py",
+                ],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=1200,
+                env={
+                    **os.environ,
+                    "ERL_ENGINE_URL": url(port),
+                    "ERL_ENGINE_MODEL_PATH": str(SMOLLM2),
+                    "ERL_ENGINE_DETERMINISTIC": "1",
+                },
+            )
         finally:
             server.kill()
             server.wait(timeout=60)

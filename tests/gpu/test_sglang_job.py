@@ -20,14 +20,21 @@ def test_a_two_rollout_job_with_one_sglang_engine(gpu_daemon, tmp_path, weight_s
     require_sglang()
     require_smollm2()
     job = short_job() + [
-        "--set", "rollout.num_rollouts=2",
-        "--set", "rollout.deterministic=false",
-        "--set", "engines.kind=sglang",
-        "--set", "engines.count=1",
-        "--set", "engines.mem_fraction_static=0.5",
-        "--set", f"engines.weight_sync={weight_sync}",
-        "--set", "trainer.dtype=bf16",
-    ]  # fmt: skip
+        "--set",
+        "rollout.num_rollouts=2",
+        "--set",
+        "rollout.deterministic=false",
+        "--set",
+        "engines.kind=sglang",
+        "--set",
+        "engines.count=1",
+        "--set",
+        "engines.mem_fraction_static=0.5",
+        "--set",
+        f"engines.weight_sync={weight_sync}",
+        "--set",
+        "trainer.dtype=bf16",
+    ]
     run_job(gpu_daemon, tmp_path, job, spec=SPEC, timeout_s=2000)
     lines = metrics(tmp_path)
     assert [line["rollout"] for line in lines] == [0, 1]

@@ -39,12 +39,16 @@ def varied_batch(vocab: int) -> RolloutBatch:
     positions = torch.arange(WIDTH).unsqueeze(0)
     tokens[positions >= (prompts + responses).unsqueeze(1)] = 0
     return RolloutBatch(
-        tokens=tokens, prompt_lengths=prompts, response_lengths=responses,
+        tokens=tokens,
+        prompt_lengths=prompts,
+        response_lengths=responses,
         engine_logprobs=-torch.rand(SAMPLES, WIDTH, generator=generator),
-        rewards=torch.rand(SAMPLES, generator=generator), prompt_indices=torch.arange(SAMPLES),
-        prompt_epochs=torch.zeros(SAMPLES, dtype=torch.long), weight_versions=torch.zeros(SAMPLES, dtype=torch.long),
+        rewards=torch.rand(SAMPLES, generator=generator),
+        prompt_indices=torch.arange(SAMPLES),
+        prompt_epochs=torch.zeros(SAMPLES, dtype=torch.long),
+        weight_versions=torch.zeros(SAMPLES, dtype=torch.long),
         loss_mask=response_mask(prompts, responses, WIDTH),
-    )  # fmt: skip
+    )
 
 
 def gradient(trainer: GrpoTrainer, context, parameters) -> torch.Tensor:
@@ -61,8 +65,13 @@ def main() -> None:
     init_model_parallel(1, seed=7)
     results = {}
     for aggregation in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"):
-        common = ["rollout.n_samples_per_prompt=4", "rollout.prompts_per_rollout=3", f"trainer.global_batch_size={SAMPLES}",
-                  f"trainer.micro_batch_size={SAMPLES}", f"algorithm.loss_aggregation={aggregation}"]  # fmt: skip
+        common = [
+            "rollout.n_samples_per_prompt=4",
+            "rollout.prompts_per_rollout=3",
+            f"trainer.global_batch_size={SAMPLES}",
+            f"trainer.micro_batch_size={SAMPLES}",
+            f"algorithm.loss_aggregation={aggregation}",
+        ]
         whole = load_spec(SPEC, common)
         source = ModelSource.from_spec(whole.model)
         model = source.build_policy()

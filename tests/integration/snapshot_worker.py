@@ -55,7 +55,9 @@ def main() -> None:
     out = workdir / f"{mode}-tp{tp}"
     if mode == "full-disk":
         failed = []
-        writer = SnapshotWriter(workdir, async_save=True, on_failed=lambda step, error: failed.append((step, repr(error))))
+        writer = SnapshotWriter(
+            workdir, async_save=True, on_failed=lambda step, error: failed.append((step, repr(error)))
+        )
         for step_number in (1, 2, 3):
             step(state, batch)
             if step_number == 3 and rank0:
@@ -65,9 +67,7 @@ def main() -> None:
             writer.wait()
         torch.distributed.barrier()
         if rank0:
-            Path(sys.argv[3]).write_text(
-                json.dumps({"failed": failed, "newest": newest_valid_snapshot(workdir).step})
-            )
+            Path(sys.argv[3]).write_text(json.dumps({"failed": failed, "newest": newest_valid_snapshot(workdir).step}))
         destroy_model_parallel()
         return
     if mode == "save":

@@ -18,13 +18,19 @@ TIS_CAP = 2.0
 
 def async_job(staleness: int) -> list[str]:
     return [
-        "--set", "rollout.mode=async",
-        "--set", f"rollout.max_staleness={staleness}",
-        "--set", f"rollout.num_rollouts={ROLLOUTS}",
-        "--set", "rollout.prompts_per_rollout=16",
-        "--set", "trainer.global_batch_size=128",
-        "--set", "checkpoints.keep_last=1000",
-    ]  # fmt: skip
+        "--set",
+        "rollout.mode=async",
+        "--set",
+        f"rollout.max_staleness={staleness}",
+        "--set",
+        f"rollout.num_rollouts={ROLLOUTS}",
+        "--set",
+        "rollout.prompts_per_rollout=16",
+        "--set",
+        "trainer.global_batch_size=128",
+        "--set",
+        "checkpoints.keep_last=1000",
+    ]
 
 
 def assert_generated_k_behind(workdir, staleness: int) -> None:
@@ -32,7 +38,8 @@ def assert_generated_k_behind(workdir, staleness: int) -> None:
         batch, _ = read_rollout(workdir, rollout_id)
         assert set(batch.weight_versions.tolist()) == {max(0, rollout_id - staleness)}, rollout_id
     assert [line["rollout/weight_version"] for line in metrics(workdir)] == [
-        float(max(0, r - staleness)) for r in range(ROLLOUTS)]  # fmt: skip
+        float(max(0, r - staleness)) for r in range(ROLLOUTS)
+    ]
 
 
 @pytest.mark.timeout(300)
@@ -42,8 +49,11 @@ def test_two_versions_behind_through_a_trainer_kill(daemon, tmp_path):
     assert_generated_k_behind(tmp_path, 2)
     assert_tis_measured(tmp_path)
     spec = read_spec(tmp_path)
-    for check in (check_rollouts_applied_once(tmp_path, spec), check_whole_batches(tmp_path, spec),
-                  check_staleness(tmp_path, spec)):  # fmt: skip
+    for check in (
+        check_rollouts_applied_once(tmp_path, spec),
+        check_whole_batches(tmp_path, spec),
+        check_staleness(tmp_path, spec),
+    ):
         assert check.held, check
     assert layout.weights_dir(tmp_path, ROLLOUTS).is_dir()
 

@@ -20,8 +20,16 @@ SCENARIOS = REPO / "chaos" / "scenarios"
 @pytest.mark.timeout(600)
 def test_the_engine_hang_scenario_passes_with_its_report(tmp_path):
     out = tmp_path / "report"
-    ran = erl("chaos", "run", str(SCENARIOS / "engine-hang.yaml"), "--out", str(out), "--cache", str(tmp_path / "cache"),
-              timeout=580)  # fmt: skip
+    ran = erl(
+        "chaos",
+        "run",
+        str(SCENARIOS / "engine-hang.yaml"),
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "cache"),
+        timeout=580,
+    )
     assert ran.returncode == 0, ran.stdout + ran.stderr
     report = orjson.loads((out / "report.json").read_bytes())
     assert report["passed"] and all(check["held"] for check in report["invariants"])
@@ -44,6 +52,8 @@ def test_a_bad_scenario_is_named_and_exits_2(tmp_path):
     bad.write_text("name: bad\njob: ../nowhere.yaml\nfaults:\n  - {kind: explode, at: {rollout: 1}}\n")
     ran = erl("chaos", "run", str(bad))
     assert ran.returncode == 2 and "faults.0.kind" in ran.stderr
-    bad.write_text(f"name: bad\njob: {REPO / 'examples' / 'tiny-grpo.yaml'}\nfaults:\n  - {{kind: kill_node, at: {{rollout: 1}}}}\n")
+    bad.write_text(
+        f"name: bad\njob: {REPO / 'examples' / 'tiny-grpo.yaml'}\nfaults:\n  - {{kind: kill_node, at: {{rollout: 1}}}}\n"
+    )
     ran = erl("chaos", "run", str(bad))
     assert ran.returncode == 2 and "kill_node needs topology.nodes >= 2" in ran.stderr

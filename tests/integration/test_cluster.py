@@ -29,15 +29,23 @@ TTL_S = 6  # the default is 10; 6 leaves an etcd election on a loaded machine ro
 
 def job(rollouts: int = ROLLOUTS) -> list[str]:
     return [
-        "--set", f"rollout.num_rollouts={rollouts}",
-        "--set", "rollout.prompts_per_rollout=16",  # half the example's, and half its global batch
-        "--set", "trainer.global_batch_size=128",
-        "--set", "trainer.replicas=2",
-        "--set", "fault_tolerance.warm_spares=1",
-        "--set", "engines.count=2",
-        "--set", "checkpoints.keep_last=1000",
-        "--set", "fault_tolerance.quorum_timeout_s=20",
-    ]  # fmt: skip
+        "--set",
+        f"rollout.num_rollouts={rollouts}",
+        "--set",
+        "rollout.prompts_per_rollout=16",  # half the example's, and half its global batch
+        "--set",
+        "trainer.global_batch_size=128",
+        "--set",
+        "trainer.replicas=2",
+        "--set",
+        "fault_tolerance.warm_spares=1",
+        "--set",
+        "engines.count=2",
+        "--set",
+        "checkpoints.keep_last=1000",
+        "--set",
+        "fault_tolerance.quorum_timeout_s=20",
+    ]
 
 
 def final_weights(workdir) -> dict[str, torch.Tensor]:
@@ -165,7 +173,9 @@ def restart_member(cluster: Topology) -> None:
     initial = ",".join(m.peer for m in cluster.etcd.members)
     command = etcd_command(member.data_dir, member.client_port, member.peer_port, member.name, initial)
     command[command.index("new")] = "existing"
-    member.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    member.process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
 
 
 @pytest.mark.timeout(420)

@@ -38,10 +38,14 @@ def smollm2_engine(request, tmp_path_factory):
 
 def generate_all(client: EngineClient, prompts: list[list[int]], seeds: list[int], tokens: int = 12) -> list[dict]:
     async def all_at_once():
-        return await asyncio.gather(*(
-            client.generate(p, {"max_new_tokens": tokens, "temperature": 1.0, "ignore_eos": True, "sampling_seed": s})
-            for p, s in zip(prompts, seeds)
-        ))  # fmt: skip
+        return await asyncio.gather(
+            *(
+                client.generate(
+                    p, {"max_new_tokens": tokens, "temperature": 1.0, "ignore_eos": True, "sampling_seed": s}
+                )
+                for p, s in zip(prompts, seeds)
+            )
+        )
 
     return asyncio.run(all_at_once())
 

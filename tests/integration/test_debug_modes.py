@@ -14,10 +14,13 @@ pytestmark = [pytest.mark.integration]
 
 ROLLOUTS = 3
 SHORT = [
-    "--set", f"rollout.num_rollouts={ROLLOUTS}",
-    "--set", "rollout.prompts_per_rollout=16",
-    "--set", "trainer.global_batch_size=128",
-]  # fmt: skip
+    "--set",
+    f"rollout.num_rollouts={ROLLOUTS}",
+    "--set",
+    "rollout.prompts_per_rollout=16",
+    "--set",
+    "trainer.global_batch_size=128",
+]
 
 
 def started(workdir) -> set[str]:
@@ -36,11 +39,33 @@ def test_rollout_only_then_train_only_on_its_log(daemon, tmp_path):
         assert set(read_rollout(generated, rollout_id)[0].weight_versions.tolist()) == {0}
 
     # Fewer rollouts in the log than the job trains: named before the job starts.
-    short = erl("submit", "examples/tiny-grpo.yaml", *SHORT[:-4], "--set", "rollout.num_rollouts=5",
-                "--set", f"debug.train_only={generated}", "--workdir", str(tmp_path / "x"), "--etcd", daemon.endpoint)  # fmt: skip
+    short = erl(
+        "submit",
+        "examples/tiny-grpo.yaml",
+        *SHORT[:-4],
+        "--set",
+        "rollout.num_rollouts=5",
+        "--set",
+        f"debug.train_only={generated}",
+        "--workdir",
+        str(tmp_path / "x"),
+        "--etcd",
+        daemon.endpoint,
+    )
     assert short.returncode == 2 and "holds 3 committed rollouts, and the job trains 5" in short.stderr
-    smaller = erl("submit", "examples/tiny-grpo.yaml", *SHORT, "--set", "rollout.prompts_per_rollout=8",
-                  "--set", f"debug.train_only={generated}", "--workdir", str(tmp_path / "y"), "--etcd", daemon.endpoint)  # fmt: skip
+    smaller = erl(
+        "submit",
+        "examples/tiny-grpo.yaml",
+        *SHORT,
+        "--set",
+        "rollout.prompts_per_rollout=8",
+        "--set",
+        f"debug.train_only={generated}",
+        "--workdir",
+        str(tmp_path / "y"),
+        "--etcd",
+        daemon.endpoint,
+    )
     assert smaller.returncode == 2 and "rollouts hold 256 samples, and the job trains 128" in smaller.stderr
 
     run_job(daemon, trained, [*SHORT, "--set", f"debug.train_only={generated}"])

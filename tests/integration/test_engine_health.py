@@ -21,11 +21,15 @@ PROMPTS, SAMPLES = 32, 16  # the example's rollout: 32 prompts x 16 samples
 
 def engine_job(rollouts: int = ROLLOUTS, engines: int = 2) -> list[str]:
     return [
-        "--set", f"rollout.num_rollouts={rollouts}",
-        "--set", f"engines.count={engines}",
-        "--set", "engines.health_interval_s=1",
-        "--set", "engines.health_timeout_s=2",
-    ]  # fmt: skip
+        "--set",
+        f"rollout.num_rollouts={rollouts}",
+        "--set",
+        f"engines.count={engines}",
+        "--set",
+        "engines.health_interval_s=1",
+        "--set",
+        "engines.health_timeout_s=2",
+    ]
 
 
 def generations_after_last_start(log_text: str) -> int:

@@ -23,15 +23,25 @@ from tests.wandb_history import history
 pytestmark = [pytest.mark.integration]
 
 # A short version of examples/tiny-grpo.yaml that still learns.
-SHORT_JOB = ["--set", "rollout.num_rollouts=30", "--set", "metrics.tensorboard=true",
-             "--set", "metrics.wandb_offline=true"]  # fmt: skip
+SHORT_JOB = [
+    "--set",
+    "rollout.num_rollouts=30",
+    "--set",
+    "metrics.tensorboard=true",
+    "--set",
+    "metrics.wandb_offline=true",
+]
 # The other advantage estimators, as jobs beside it on the same erld: GSPO with per-sequence loss
 # aggregation, and REINFORCE++ with TIS and its KL in the reward.
 OTHER_ESTIMATORS = {
     "tiny-gspo": ["algorithm.advantage_estimator=gspo", "algorithm.loss_aggregation=seq_mean_token_mean"],
-    "tiny-reinforce": ["algorithm.advantage_estimator=reinforce_plus_plus", "algorithm.tis_cap=2.0",
-                       "algorithm.kl_coef=0.001", "algorithm.kl_in_reward=true"],
-}  # fmt: skip
+    "tiny-reinforce": [
+        "algorithm.advantage_estimator=reinforce_plus_plus",
+        "algorithm.tis_cap=2.0",
+        "algorithm.kl_coef=0.001",
+        "algorithm.kl_in_reward=true",
+    ],
+}
 
 
 def mean(values: list[float]) -> float:
@@ -43,7 +53,11 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
     """The tiny GRPO job through `erl run`, with a GSPO and a REINFORCE++ job beside it on the same
     erld (together they cost less than one after the other: a job start is mostly waiting on imports)."""
     for name, overrides in OTHER_ESTIMATORS.items():
-        sets = [arg for o in [f"name={name}", "rollout.num_rollouts=30", "engines.count=1", *overrides] for arg in ("--set", o)]
+        sets = [
+            arg
+            for o in [f"name={name}", "rollout.num_rollouts=30", "engines.count=1", *overrides]
+            for arg in ("--set", o)
+        ]
         erl("submit", str(SPEC), *sets, "--workdir", str(tmp_path / name), "--etcd", daemon.endpoint, check=True)
     workdir = tmp_path / "job"
     run = erl("run", str(SPEC), *SHORT_JOB, "--workdir", str(workdir), "--etcd", daemon.endpoint, timeout=540)
@@ -51,7 +65,9 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
     assert "succeeded" in run.stdout
     # GSPO and REINFORCE++ learn too: the last 5 rollouts at least 0.5 above the first 5.
     for name in OTHER_ESTIMATORS:
-        assert wait_phase(daemon, name, ("succeeded", "failed"), time.monotonic() + 300)["status"]["phase"] == "succeeded"
+        assert (
+            wait_phase(daemon, name, ("succeeded", "failed"), time.monotonic() + 300)["status"]["phase"] == "succeeded"
+        )
         rewards = [line["rollout/reward_mean"] for line in metrics(tmp_path / name)]
         assert len(rewards) == 30 and mean(rewards[-5:]) >= mean(rewards[:5]) + 0.5, (name, rewards)
 
@@ -64,9 +80,18 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
     # first rollout, and the PPO KL of the first step of every rollout is exactly 0.
     assert lines[0]["train/logprob_abs_diff_max"] <= 1e-5
     assert all(line["train/first_step_ppo_kl"] == 0.0 for line in lines)
-    for key in ("rollout/reward_std", "rollout/response_length_mean", "train/entropy", "train/clipfrac",
-                "train/grad_norm", "train/step_time", "rollout/time", "perf/generated_tokens_per_sec",
-                "perf/longest_sample_tokens_per_sec", "train/kl"):  # fmt: skip
+    for key in (
+        "rollout/reward_std",
+        "rollout/response_length_mean",
+        "train/entropy",
+        "train/clipfrac",
+        "train/grad_norm",
+        "train/step_time",
+        "rollout/time",
+        "perf/generated_tokens_per_sec",
+        "perf/longest_sample_tokens_per_sec",
+        "train/kl",
+    ):
         assert key in lines[0]
 
     final = status(daemon, "tiny-grpo")
@@ -100,17 +125,33 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
     # A reader that goes away early gets no traceback and no failure.
     for command in ("status tiny-grpo", "logs tiny-grpo"):
         piped = subprocess.run(
-            ["bash", "-c", f"set -o pipefail; {sys.executable} -m elastic_rl.cli {command} --etcd {daemon.endpoint} | head -1"],
-            cwd=REPO, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            [
+                "bash",
+                "-c",
+                f"set -o pipefail; {sys.executable} -m elastic_rl.cli {command} --etcd {daemon.endpoint} | head -1",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert piped.returncode == 0 and piped.stderr == "" and len(piped.stdout.splitlines()) == 1, piped
 
 
 @pytest.mark.timeout(600)
 def test_killed_erld_restarts_and_the_job_completes(daemon, tmp_path):
     workdir = tmp_path / "job"
-    submitted = erl("submit", str(SPEC), "--set", "rollout.num_rollouts=15", "--workdir", str(workdir),
-                    "--etcd", daemon.endpoint, check=True)  # fmt: skip
+    submitted = erl(
+        "submit",
+        str(SPEC),
+        "--set",
+        "rollout.num_rollouts=15",
+        "--workdir",
+        str(workdir),
+        "--etcd",
+        daemon.endpoint,
+        check=True,
+    )
     assert "erl status tiny-grpo" in submitted.stdout
     deadline = time.monotonic() + 300
     while status(daemon, "tiny-grpo")["progress"].get("rollouts_done", 0) < 3:
@@ -135,10 +176,18 @@ def test_killed_erld_restarts_and_the_job_completes(daemon, tmp_path):
 @pytest.mark.timeout(300)
 def test_process_that_keeps_crashing_fails_the_job_with_a_reason(daemon, tmp_path):
     run = erl(
-        "run", str(SPEC), "--workdir", str(tmp_path / "job"), "--etcd", daemon.endpoint,
-        "--set", "rollout.reward=tests.rewards:exits_the_process", "--set", "fault_tolerance.max_restarts=1",
+        "run",
+        str(SPEC),
+        "--workdir",
+        str(tmp_path / "job"),
+        "--etcd",
+        daemon.endpoint,
+        "--set",
+        "rollout.reward=tests.rewards:exits_the_process",
+        "--set",
+        "fault_tolerance.max_restarts=1",
         timeout=240,
-    )  # fmt: skip
+    )
     assert run.returncode == 1
     final = status(daemon, "tiny-grpo")
     assert final["status"]["phase"] == "failed"
@@ -147,9 +196,18 @@ def test_process_that_keeps_crashing_fails_the_job_with_a_reason(daemon, tmp_pat
 
     # A user's function that cannot be imported would fail every restart the same way: no restart.
     run = erl(
-        "run", str(SPEC), "--workdir", str(tmp_path / "job2"), "--etcd", daemon.endpoint,
-        "--set", "name=unimportable", "--set", "rollout.reward=no_such_module:score", timeout=240,
-    )  # fmt: skip
+        "run",
+        str(SPEC),
+        "--workdir",
+        str(tmp_path / "job2"),
+        "--etcd",
+        daemon.endpoint,
+        "--set",
+        "name=unimportable",
+        "--set",
+        "rollout.reward=no_such_module:score",
+        timeout=240,
+    )
     assert run.returncode == 1
     reason = status(daemon, "unimportable")["status"]["reason"]
     assert "orchestrator gave up: rollout.reward: cannot load 'no_such_module:score'" in reason, reason
@@ -191,10 +249,22 @@ def test_sigterm_revokes_the_lease_on_an_external_etcd(tmp_path):
     asyncio.run(etcd.start())
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "elastic_rl.cli", "daemon", "--etcd", etcd.endpoint,
-             "--state-dir", str(tmp_path / "erld-state"), "--node", "leaving-node"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "elastic_rl.cli",
+                "daemon",
+                "--etcd",
+                etcd.endpoint,
+                "--state-dir",
+                str(tmp_path / "erld-state"),
+                "--node",
+                "leaving-node",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
         async def node_keys() -> dict:
             async with Store(etcd.endpoint) as store:

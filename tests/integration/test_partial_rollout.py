@@ -25,17 +25,27 @@ pytestmark = [pytest.mark.integration]
 ROLLOUTS = 8
 SAMPLES = 4
 JOB = [
-    "--set", f"rollout.num_rollouts={ROLLOUTS}",
-    "--set", "rollout.prompts_per_rollout=8",
-    "--set", "rollout.over_sampling_batch_size=16",
-    "--set", f"rollout.n_samples_per_prompt={SAMPLES}",
-    "--set", "rollout.max_new_tokens=8",
-    "--set", "rollout.partial_rollout=true",
-    "--set", "rollout.max_concurrency=16",  # requests queue: when 8 groups are done others are mid-way
-    "--set", "trainer.global_batch_size=32",
-    "--set", "trainer.micro_batch_size=32",
-    "--set", "checkpoints.keep_last=1000",
-]  # fmt: skip
+    "--set",
+    f"rollout.num_rollouts={ROLLOUTS}",
+    "--set",
+    "rollout.prompts_per_rollout=8",
+    "--set",
+    "rollout.over_sampling_batch_size=16",
+    "--set",
+    f"rollout.n_samples_per_prompt={SAMPLES}",
+    "--set",
+    "rollout.max_new_tokens=8",
+    "--set",
+    "rollout.partial_rollout=true",
+    "--set",
+    "rollout.max_concurrency=16",  # requests queue: when 8 groups are done others are mid-way
+    "--set",
+    "trainer.global_batch_size=32",
+    "--set",
+    "trainer.micro_batch_size=32",
+    "--set",
+    "checkpoints.keep_last=1000",
+]
 
 
 def aborted_groups_buffered(workdir) -> bool:
@@ -73,8 +83,11 @@ def test_partial_rollout_loses_and_repeats_nothing_through_kills(daemon, tmp_pat
             assert segments[0]["version"] == int(batch.weight_versions[row])
             continued += len({segment["version"] for segment in segments}) > 1
     assert continued > 0  # samples begun by one rollout's weights and generated on by the next's were trained
-    for check in (check_rollouts_applied_once(faulty, spec), check_whole_batches(faulty, spec),
-                  check_staleness(faulty, spec)):  # fmt: skip
+    for check in (
+        check_rollouts_applied_once(faulty, spec),
+        check_whole_batches(faulty, spec),
+        check_staleness(faulty, spec),
+    ):
         assert check.held, check
 
     # Which requests an abort catches is timing: the reference trains, fault-free, on the same log.

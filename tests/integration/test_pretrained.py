@@ -32,10 +32,14 @@ RANDOM_MODELS = {
         **SMALL,
         tie_word_embeddings=False,
         rope_parameters={
-            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
         },
-    ),  # fmt: skip
+    ),
     "qwen2-tied": Qwen2Config(**SMALL, tie_word_embeddings=True),
     # A head_dim that is not hidden / heads, as in the real Qwen3 models.
     "qwen3": Qwen3Config(**SMALL, head_dim=32, tie_word_embeddings=False),

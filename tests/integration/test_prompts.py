@@ -32,21 +32,38 @@ def test_over_long_prompts_and_unscorable_samples_are_skipped_not_fatal(daemon, 
     held_out = tmp_path / "held-out.jsonl"
     held_out.write_bytes(b"\n".join(orjson.dumps({"prompt": f"{d}=", "label": str(d)}) for d in range(10)))
     workdir = tmp_path / "job"
-    run_job(daemon, workdir, [
-        "--set", f"data.path={data}",
-        "--set", "rollout.max_prompt_len=4",
-        "--set", f"rollout.num_rollouts={ROLLOUTS}",
-        "--set", "rollout.prompts_per_rollout=8",
-        "--set", "rollout.n_samples_per_prompt=4",
-        "--set", "trainer.global_batch_size=32",
-        "--set", "trainer.micro_batch_size=32",
-        "--set", "rollout.max_new_tokens=24",
-        "--set", "rollout.generate_function=examples.calculator_tool:generate",
-        "--set", "rollout.reward_function=tests.rewards:copied_by_key_raising_on_sevens",
-        "--set", "rollout.reward_key=copied",
-        "--set", "eval.interval_rollouts=2",
-        "--set", f"eval.datasets=[{{name: held-out, path: {held_out}, n_samples_per_prompt: 2}}]",
-    ])  # fmt: skip
+    run_job(
+        daemon,
+        workdir,
+        [
+            "--set",
+            f"data.path={data}",
+            "--set",
+            "rollout.max_prompt_len=4",
+            "--set",
+            f"rollout.num_rollouts={ROLLOUTS}",
+            "--set",
+            "rollout.prompts_per_rollout=8",
+            "--set",
+            "rollout.n_samples_per_prompt=4",
+            "--set",
+            "trainer.global_batch_size=32",
+            "--set",
+            "trainer.micro_batch_size=32",
+            "--set",
+            "rollout.max_new_tokens=24",
+            "--set",
+            "rollout.generate_function=examples.calculator_tool:generate",
+            "--set",
+            "rollout.reward_function=tests.rewards:copied_by_key_raising_on_sevens",
+            "--set",
+            "rollout.reward_key=copied",
+            "--set",
+            "eval.interval_rollouts=2",
+            "--set",
+            f"eval.datasets=[{{name: held-out, path: {held_out}, n_samples_per_prompt: 2}}]",
+        ],
+    )
     tokenizer = load_tokenizer(read_spec(workdir).model)
     skipped, unscorable, tool_calls = [], [], 0
     for rollout_id in range(ROLLOUTS):
@@ -73,8 +90,12 @@ def test_over_long_prompts_and_unscorable_samples_are_skipped_not_fatal(daemon, 
         assert line["eval/held-out/samples"] == 20 and line["eval/held-out/unscorable_samples"] == 2
         assert 0.0 <= line["eval/held-out/reward_mean"] <= 1.0
     events = job_events(workdir)
-    assert sorted(index for e in events if e["kind"] == "prompts_skipped" for index, _ in e["prompts"]) == sorted(skipped)
-    assert sorted(index for e in events if e["kind"] == "samples_skipped" for index, _ in e["prompts"]) == sorted(unscorable)
+    assert sorted(index for e in events if e["kind"] == "prompts_skipped" for index, _ in e["prompts"]) == sorted(
+        skipped
+    )
+    assert sorted(index for e in events if e["kind"] == "samples_skipped" for index, _ in e["prompts"]) == sorted(
+        unscorable
+    )
 
 
 def assert_only_the_models_tokens_are_trained(batch: dict, meta: dict, tokenizer) -> int:
@@ -103,10 +124,17 @@ def assert_only_the_models_tokens_are_trained(batch: dict, meta: dict, tokenizer
 
 @pytest.mark.timeout(200)
 def test_unscorable_data_past_its_budget_fails_the_job_with_the_reason(daemon, tmp_path):
-    run_job(daemon, tmp_path, [
-        "--set", "rollout.reward=tests.rewards:always_raises",
-        "--set", "rollout.max_consecutive_bad_samples=20",
-    ], expect=("failed",))  # fmt: skip
+    run_job(
+        daemon,
+        tmp_path,
+        [
+            "--set",
+            "rollout.reward=tests.rewards:always_raises",
+            "--set",
+            "rollout.max_consecutive_bad_samples=20",
+        ],
+        expect=("failed",),
+    )
     reason = status(daemon, "tiny-grpo")["status"]["reason"]
     assert "orchestrator gave up: 20 samples in a row could not be scored" in reason, reason
     assert "RuntimeError: the reward service is down" in reason

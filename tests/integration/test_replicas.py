@@ -17,15 +17,22 @@ ROLLOUTS = 12
 
 def replica_job(replicas: int, tensor_parallel: int = 1, warm_spares: int = 0, rollouts: int = ROLLOUTS) -> list[str]:
     return [
-        "--set", f"fault_tolerance.warm_spares={warm_spares}",
-        "--set", f"rollout.num_rollouts={rollouts}",
-        "--set", f"trainer.replicas={replicas}",
-        "--set", f"trainer.tensor_parallel={tensor_parallel}",
-        "--set", "checkpoints.keep_last=1000",
+        "--set",
+        f"fault_tolerance.warm_spares={warm_spares}",
+        "--set",
+        f"rollout.num_rollouts={rollouts}",
+        "--set",
+        f"trainer.replicas={replicas}",
+        "--set",
+        f"trainer.tensor_parallel={tensor_parallel}",
+        "--set",
+        "checkpoints.keep_last=1000",
         # Snapshots lag the survivors, so a restarted replica catches up by healing from a peer.
-        "--set", "checkpoints.interval_rollouts=4",
-        "--set", "fault_tolerance.quorum_timeout_s=20",
-    ]  # fmt: skip
+        "--set",
+        "checkpoints.interval_rollouts=4",
+        "--set",
+        "fault_tolerance.quorum_timeout_s=20",
+    ]
 
 
 def final_weights(workdir, rollouts: int = ROLLOUTS) -> dict[str, torch.Tensor]:
@@ -58,8 +65,12 @@ def assert_replica_came_back(events: list[dict], replica: int) -> None:
     """The killed replica came back: healed from a peer, or (when it restarted just as the survivors
     reached a snapshot's step) resumed from that snapshot at their step."""
     killed_at = next(e["time"] for e in events if e["kind"] == "proc_exited")
-    assert any(e["kind"] in ("replica_healed", "trainer_resumed") and e["proc"].startswith(f"trainer-{replica}-")
-               and e["time"] > killed_at for e in events)  # fmt: skip
+    assert any(
+        e["kind"] in ("replica_healed", "trainer_resumed")
+        and e["proc"].startswith(f"trainer-{replica}-")
+        and e["time"] > killed_at
+        for e in events
+    )
 
 
 @pytest.mark.chaos  # `make chaos`; make test kills a rank of a TP=2 replica (below)

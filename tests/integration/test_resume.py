@@ -15,22 +15,36 @@ ROLLOUTS = 12
 # prompts a rollout (and half its global batch): what is checked does not need more. DAPO's
 # filter and over-sampling leave groups in the buffer across rollouts, so the kills find it full.
 JOB = [
-    "--set", f"rollout.num_rollouts={ROLLOUTS}",
-    "--set", "rollout.prompts_per_rollout=16",
-    "--set", "rollout.over_sampling_batch_size=24",
-    "--set", "rollout.dynamic_filter=zero_std",
-    "--set", "trainer.global_batch_size=128",
-    "--set", "checkpoints.keep_last=1000",
-    "--set", "fault_tolerance.quorum_timeout_s=10",
-]  # fmt: skip
+    "--set",
+    f"rollout.num_rollouts={ROLLOUTS}",
+    "--set",
+    "rollout.prompts_per_rollout=16",
+    "--set",
+    "rollout.over_sampling_batch_size=24",
+    "--set",
+    "rollout.dynamic_filter=zero_std",
+    "--set",
+    "trainer.global_batch_size=128",
+    "--set",
+    "checkpoints.keep_last=1000",
+    "--set",
+    "fault_tolerance.quorum_timeout_s=10",
+]
 
 
 @pytest.mark.timeout(900)
 def test_killing_any_job_process_changes_nothing(daemon, tmp_path):
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     run_job(daemon, clean, JOB)
-    schedule = [("trainer-0-0", 2), ("router", 4), ("orchestrator", 5), ("lighthouse", 7), ("engine-0", 8),
-                (STOP_AND_RESUME, 9), ("trainer-0-0", 10)]  # fmt: skip
+    schedule = [
+        ("trainer-0-0", 2),
+        ("router", 4),
+        ("orchestrator", 5),
+        ("lighthouse", 7),
+        ("engine-0", 8),
+        (STOP_AND_RESUME, 9),
+        ("trainer-0-0", 10),
+    ]
     killed = run_job(daemon, faulty, JOB, schedule)
     assert len(killed) == len(schedule), killed
 

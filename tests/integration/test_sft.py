@@ -17,17 +17,27 @@ pytestmark = [pytest.mark.integration]
 ROLLOUTS = 24
 # The tiny example's copy task as (prompt, response) pairs: "7=" then "7" and end-of-sequence.
 SFT_JOB = [
-    "--set", "algorithm.kind=sft",
-    "--set", f"rollout.num_rollouts={ROLLOUTS}",
-    "--set", "rollout.n_samples_per_prompt=1",
-    "--set", "rollout.max_new_tokens=2",
-    "--set", "rollout.prompts_per_rollout=64",
-    "--set", "trainer.global_batch_size=16",
-    "--set", "trainer.micro_batch_size=16",
-    "--set", "checkpoints.keep_last=1000",
-    "--set", "checkpoints.interval_rollouts=2",
-    "--set", "engines.count=1",  # SFT generates nothing; the engine only loads each version
-]  # fmt: skip
+    "--set",
+    "algorithm.kind=sft",
+    "--set",
+    f"rollout.num_rollouts={ROLLOUTS}",
+    "--set",
+    "rollout.n_samples_per_prompt=1",
+    "--set",
+    "rollout.max_new_tokens=2",
+    "--set",
+    "rollout.prompts_per_rollout=64",
+    "--set",
+    "trainer.global_batch_size=16",
+    "--set",
+    "trainer.micro_batch_size=16",
+    "--set",
+    "checkpoints.keep_last=1000",
+    "--set",
+    "checkpoints.interval_rollouts=2",
+    "--set",
+    "engines.count=1",  # SFT generates nothing; the engine only loads each version
+]
 
 
 @pytest.mark.timeout(600)

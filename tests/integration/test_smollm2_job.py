@@ -27,24 +27,40 @@ def short_job(replicas: int = 1) -> list[str]:
     """The example, cut down: 2 prompts x 2 samples of 8 tokens, a short system prompt (the template's
     default is 20 tokens), one optimizer step a rollout."""
     return [
-        "--set", f"rollout.num_rollouts={ROLLOUTS}",
-        "--set", "rollout.prompts_per_rollout=2",
-        "--set", "rollout.n_samples_per_prompt=2",
-        "--set", "rollout.max_new_tokens=8",
-        "--set", "data.system_prompt=Answer briefly.",
-        "--set", "rollout.deterministic=true",
-        "--set", "engines.count=1",
-        "--set", f"trainer.replicas={replicas}",
-        "--set", "trainer.global_batch_size=4",
-        "--set", "trainer.micro_batch_size=4",
-        "--set", "trainer.cpu_threads=1",
-        "--set", "trainer.warmup_steps=0",
-        "--set", "algorithm.kl_coef=0.05",
+        "--set",
+        f"rollout.num_rollouts={ROLLOUTS}",
+        "--set",
+        "rollout.prompts_per_rollout=2",
+        "--set",
+        "rollout.n_samples_per_prompt=2",
+        "--set",
+        "rollout.max_new_tokens=8",
+        "--set",
+        "data.system_prompt=Answer briefly.",
+        "--set",
+        "rollout.deterministic=true",
+        "--set",
+        "engines.count=1",
+        "--set",
+        f"trainer.replicas={replicas}",
+        "--set",
+        "trainer.global_batch_size=4",
+        "--set",
+        "trainer.micro_batch_size=4",
+        "--set",
+        "trainer.cpu_threads=1",
+        "--set",
+        "trainer.warmup_steps=0",
+        "--set",
+        "algorithm.kl_coef=0.05",
         # Eight samples of eight tokens rarely solve a problem: a reward that always varies keeps a gradient.
-        "--set", "rollout.reward=tests.rewards:fake_digit_share",
-        "--set", "checkpoints.interval_rollouts=100",
-        "--set", "fault_tolerance.quorum_timeout_s=30",
-    ]  # fmt: skip
+        "--set",
+        "rollout.reward=tests.rewards:fake_digit_share",
+        "--set",
+        "checkpoints.interval_rollouts=100",
+        "--set",
+        "fault_tolerance.quorum_timeout_s=30",
+    ]
 
 
 def final_weights(workdir) -> dict[str, torch.Tensor]:
@@ -113,15 +129,21 @@ def test_a_killed_replica_heals_from_its_peer(smollm2_daemon, fault_free, tmp_pa
 
     def restarted_replica_ready(workdir) -> bool:
         events = job_events(workdir)
-        if not any(e["kind"] == "trainer_ready" and e["proc"] == "trainer-1-0" and e["time"] > held["killed"] for e in events):
+        if not any(
+            e["kind"] == "trainer_ready" and e["proc"] == "trainer-1-0" and e["time"] > held["killed"] for e in events
+        ):
             return False
         os.kill(held["orchestrator"], signal.SIGCONT)
         return True
 
     done = run_job(
-        smollm2_daemon, tmp_path, short_job(replicas=2),
-        [(hold_generation_and_kill, 1), (lambda: None, restarted_replica_ready)], spec=SPEC, timeout_s=500,
-    )  # fmt: skip
+        smollm2_daemon,
+        tmp_path,
+        short_job(replicas=2),
+        [(hold_generation_and_kill, 1), (lambda: None, restarted_replica_ready)],
+        spec=SPEC,
+        timeout_s=500,
+    )
     assert done == ["hold_generation_and_kill", "<lambda>"]
     assert [line["rollout"] for line in metrics(tmp_path)] == list(range(ROLLOUTS))
     assert any(e["kind"] == "replica_healed" and e["proc"] == "trainer-1-0" for e in job_events(tmp_path))

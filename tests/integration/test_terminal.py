@@ -27,10 +27,23 @@ LONG_JOB = ["--set", "rollout.num_rollouts=500"]
 
 def start_run(daemon, workdir) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "elastic_rl.cli", "run", str(SPEC), *LONG_JOB, "--workdir", str(workdir),
-         "--etcd", daemon.endpoint],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "elastic_rl.cli",
+            "run",
+            str(SPEC),
+            *LONG_JOB,
+            "--workdir",
+            str(workdir),
+            "--etcd",
+            daemon.endpoint,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def wait_rollouts(daemon, workdir, count: int, timeout_s: float = 120) -> dict:
@@ -61,10 +74,25 @@ def test_ctrl_c_a_second_erld_and_the_job_history(daemon, tmp_path):
     # A second erld for this node, as `erl daemon` with the first one's state dir: refused, and the
     # first one's etcd, job and processes carry on untouched.
     second = subprocess.run(
-        [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(daemon.nodes[0].state_dir),
-         "--etcd-port", str(daemon.nodes[0].etcd_port), "--cpu-devices", "8", "--node", "test-node"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "elastic_rl.cli",
+            "daemon",
+            "--state-dir",
+            str(daemon.nodes[0].state_dir),
+            "--etcd-port",
+            str(daemon.nodes[0].etcd_port),
+            "--cpu-devices",
+            "8",
+            "--node",
+            "test-node",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert second.returncode == 2 and "held by a live erld" in second.stderr, second.stderr
     after = wait_rollouts(daemon, tmp_path / "first", before["progress"]["rollouts_done"] + 2)
     assert {n: p["pid"] for n, p in after["procs"].items()} == {n: p["pid"] for n, p in before["procs"].items()}
@@ -86,8 +114,9 @@ def test_ctrl_c_a_second_erld_and_the_job_history(daemon, tmp_path):
     # The first run is still listed, with its own work dir.
     listed = orjson.loads(erl("list", "--all", "-o", "json", "--etcd", daemon.endpoint, check=True).stdout)
     assert [(row["job"], row["workdir"]) for row in listed] == [
-        ("tiny-grpo", str(tmp_path / "first")), ("tiny-grpo", str(tmp_path / "second"))
-    ]  # fmt: skip
+        ("tiny-grpo", str(tmp_path / "first")),
+        ("tiny-grpo", str(tmp_path / "second")),
+    ]
     assert len(orjson.loads(erl("list", "-o", "json", "--etcd", daemon.endpoint, check=True).stdout)) == 1
 
 
@@ -98,8 +127,11 @@ def test_erl_shutdown_stops_the_background_erld(tmp_path):
     # As `erl run` starts it: its own session, its pid in the state dir.
     background = subprocess.Popen(
         [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(state_dir), "--etcd-port", str(port)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     (state_dir / "erld.pid").write_text(str(background.pid))
     deadline = time.monotonic() + 60
     while erl("list", "--etcd", f"http://127.0.0.1:{port}").returncode != 0:
@@ -116,8 +148,12 @@ def test_erl_shutdown_stops_the_background_erld(tmp_path):
 def test_the_demo_writes_its_own_folder(tmp_path):
     demo = subprocess.run(
         [sys.executable, "-m", "elastic_rl.demo", str(SPEC)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=170, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert demo.returncode == 0, demo.stderr[-2000:]
     assert (tmp_path / "runs" / "tiny-grpo-demo" / "weights" / "1" / "config.json").is_file()
     assert not (tmp_path / "runs" / "tiny-grpo").exists()  # a job's work dir of that spec stays untouched
@@ -140,10 +176,24 @@ def test_an_erld_on_the_etcd_it_left_takes_its_node_back(tmp_path):
     etcd.stop()
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "elastic_rl.cli", "daemon", "--state-dir", str(state), "--etcd-port", str(port),
-         "--cpu-devices", "2", "--node", "vm"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "elastic_rl.cli",
+            "daemon",
+            "--state-dir",
+            str(state),
+            "--etcd-port",
+            str(port),
+            "--cpu-devices",
+            "2",
+            "--node",
+            "vm",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
     async def holder_pid() -> int | None:
         async with Store(etcd.endpoint, attempts=1) as store:

@@ -89,8 +89,14 @@ def test_tis_multiplies_the_policy_loss_by_its_weight_and_nothing_else():
     logp = torch.tensor([[-0.9, -2.1]])
     old = torch.tensor([[-1.0, -2.0]])
     engine = torch.tensor([[-1.5, -1.0]])
-    args = dict(entropy=torch.zeros(1, 2), old_logp=old, engine_logp=engine, ref_logp=None,
-                advantages=torch.tensor([[1.0, -1.0]]), mask=torch.ones(1, 2))  # fmt: skip
+    args = dict(
+        entropy=torch.zeros(1, 2),
+        old_logp=old,
+        engine_logp=engine,
+        ref_logp=None,
+        advantages=torch.tensor([[1.0, -1.0]]),
+        mask=torch.ones(1, 2),
+    )
     plain = token_losses(AlgorithmSpec(), logp, **args)
     with_tis = token_losses(AlgorithmSpec(tis_cap=1.5), logp, **args)
     # Per token: -A * ratio, ratio exp(0.1) and exp(-0.1) (both inside the clip band), times min(exp(0.5), 1.5) and exp(-1).
@@ -104,8 +110,14 @@ def test_tis_multiplies_the_policy_loss_by_its_weight_and_nothing_else():
 
 def test_sft_loss_is_the_negative_log_likelihood_whatever_the_rl_inputs():
     logp = torch.tensor([[-0.5, -2.0]])
-    args = dict(entropy=torch.ones(1, 2), old_logp=torch.zeros(1, 2), engine_logp=torch.zeros(1, 2),
-                ref_logp=None, advantages=torch.tensor([[3.0, -3.0]]), mask=torch.ones(1, 2))  # fmt: skip
+    args = dict(
+        entropy=torch.ones(1, 2),
+        old_logp=torch.zeros(1, 2),
+        engine_logp=torch.zeros(1, 2),
+        ref_logp=None,
+        advantages=torch.tensor([[3.0, -3.0]]),
+        mask=torch.ones(1, 2),
+    )
     terms = token_losses(AlgorithmSpec(kind="sft", entropy_coef=0.5, tis_cap=1.5), logp, **args)
     assert torch.equal(terms.loss, torch.tensor([[0.5, 2.0]])) and terms.kl is None
     assert not terms.clipped.any()
@@ -128,7 +140,9 @@ def test_an_aggregation_summed_over_shards_is_the_whole_batch(how):
     tokens, samples = int(mask.sum()), 6
     whole = aggregate(values, mask, how, tokens, samples)
     for shards in (2, 3):
-        parts = [aggregate(values[rows], mask[rows], how, tokens, samples) for rows in torch.arange(6).tensor_split(shards)]
+        parts = [
+            aggregate(values[rows], mask[rows], how, tokens, samples) for rows in torch.arange(6).tensor_split(shards)
+        ]
         assert torch.allclose(sum(parts), whole, atol=1e-6)
 
 
@@ -151,8 +165,14 @@ def test_the_entropy_bonus_is_subtracted_and_raises_entropy_when_followed():
 @pytest.mark.parametrize("estimator", ["grpo", "gspo"])
 def test_the_rl_objective_subtracts_entropy_coef_times_the_entropy(estimator):
     logp = torch.tensor([[-1.0, -2.0]])
-    args = dict(entropy=torch.tensor([[0.7, 1.2]]), old_logp=logp, engine_logp=logp, ref_logp=None,
-                advantages=torch.tensor([[1.0, -1.0]]), mask=torch.ones(1, 2))  # fmt: skip
+    args = dict(
+        entropy=torch.tensor([[0.7, 1.2]]),
+        old_logp=logp,
+        engine_logp=logp,
+        ref_logp=None,
+        advantages=torch.tensor([[1.0, -1.0]]),
+        mask=torch.ones(1, 2),
+    )
     terms = token_losses(AlgorithmSpec(advantage_estimator=estimator, entropy_coef=0.1), logp, **args)
     # Ratio 1 at both tokens: the policy loss is -A, i.e. -1 and 1; minus 0.1 times the entropies 0.7 and 1.2.
     assert torch.allclose(terms.loss, torch.tensor([[-1.0 - 0.07, 1.0 - 0.12]]))
@@ -161,8 +181,14 @@ def test_the_rl_objective_subtracts_entropy_coef_times_the_entropy(estimator):
 
 def test_kl_is_a_loss_term_unless_it_is_in_the_reward():
     logp, ref = torch.tensor([[-1.0]]), torch.tensor([[-1.5]])
-    args = dict(entropy=torch.zeros(1, 1), old_logp=logp, engine_logp=logp, ref_logp=ref,
-                advantages=torch.zeros(1, 1), mask=torch.ones(1, 1))  # fmt: skip
+    args = dict(
+        entropy=torch.zeros(1, 1),
+        old_logp=logp,
+        engine_logp=logp,
+        ref_logp=ref,
+        advantages=torch.zeros(1, 1),
+        mask=torch.ones(1, 1),
+    )
     as_loss = token_losses(AlgorithmSpec(kl_coef=0.2, kl_estimator="k1"), logp, **args)
     in_reward = token_losses(AlgorithmSpec(kl_coef=0.2, kl_estimator="k1", kl_in_reward=True), logp, **args)
     assert as_loss.loss.item() == pytest.approx(0.2 * 0.5)

@@ -185,10 +185,15 @@ def test_a_data_file_is_enough_to_replace_the_task(tmp_path):
 def hf_checkpoint(folder: Path, **config) -> Path:
     folder.mkdir()
     base = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
         "max_position_embeddings": 128,
-    }  # fmt: skip
+    }
     (folder / "config.json").write_text(json.dumps({**base, **config}))
     return folder
 
@@ -296,10 +301,13 @@ def test_distributed_weight_sync_needs_sglang_in_sync_mode(sglang_installed):
     with pytest.raises(SpecError, match="set engines.kind sglang"):
         validate_spec({"name": "j", "engines": {"weight_sync": "distributed"}})
     with pytest.raises(SpecError, match="use rollout.mode sync"):
-        validate_spec({
-            "name": "j", "engines": {"kind": "sglang", "weight_sync": "distributed"},
-            "rollout": {"mode": "async", "max_staleness": 1},
-        })  # fmt: skip
+        validate_spec(
+            {
+                "name": "j",
+                "engines": {"kind": "sglang", "weight_sync": "distributed"},
+                "rollout": {"mode": "async", "max_staleness": 1},
+            }
+        )
     spec = validate_spec({"name": "j", "engines": {"kind": "sglang", "weight_sync": "distributed"}})
     assert spec.engines.weight_sync == "distributed" and spec.engines.weight_sync_timeout_s == 300.0
     assert validate_spec({"name": "j"}).engines.weight_sync == "disk"
@@ -317,7 +325,12 @@ def test_the_toy_answer_has_toy_digits_and_must_fit_in_max_new_tokens():
     assert spec.data.toy_digits == 2
     (problem,) = problems(SPEC, "data.toy_digits=2")  # the example's max_new_tokens is 1
     assert "rollout.max_new_tokens (1) is shorter than the toy_copy answer (2 tokens: data.toy_digits 2)" in problem
-    sft = ["algorithm.kind=sft", "rollout.n_samples_per_prompt=1", "trainer.global_batch_size=32", "trainer.micro_batch_size=32"]
+    sft = [
+        "algorithm.kind=sft",
+        "rollout.n_samples_per_prompt=1",
+        "trainer.global_batch_size=32",
+        "trainer.micro_batch_size=32",
+    ]
     (problem,) = problems(SPEC, *sft)
     assert "(2 tokens: data.toy_digits 1 and end-of-sequence)" in problem
     (problem,) = problems(SPEC, "data.task=arithmetic", "data.toy_digits=2", "rollout.max_new_tokens=2")

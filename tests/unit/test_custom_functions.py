@@ -27,13 +27,20 @@ HERE = "tests.unit.test_custom_functions"
 
 
 def spec(**rollout):
-    return validate_spec({
-        "name": "t",
-        "data": {"task": "toy_copy", "num_prompts": 64},
-        "rollout": {"prompts_per_rollout": 4, "n_samples_per_prompt": 2, "max_new_tokens": 24, "deterministic": True,
-                    **rollout},
-        "trainer": {"global_batch_size": 8, "micro_batch_size": 8},
-    })  # fmt: skip
+    return validate_spec(
+        {
+            "name": "t",
+            "data": {"task": "toy_copy", "num_prompts": 64},
+            "rollout": {
+                "prompts_per_rollout": 4,
+                "n_samples_per_prompt": 2,
+                "max_new_tokens": 24,
+                "deterministic": True,
+                **rollout,
+            },
+            "trainer": {"global_batch_size": 8, "micro_batch_size": 8},
+        }
+    )
 
 
 def filled(job, **attributes):
@@ -54,7 +61,7 @@ def test_the_calculator_examples_loss_mask_covers_only_the_models_tokens():
         end = start + len(sample.output_ids)
         tool = range(start + call["start"], start + call["end"])
         # The model wrote 12 digits, the calculator answered their value in brackets, the model wrote on.
-        assert tokenizer.decode(batch.tokens[row, tool.start:tool.stop].tolist()) == call["answer"]
+        assert tokenizer.decode(batch.tokens[row, tool.start : tool.stop].tolist()) == call["answer"]
         assert call["answer"] == "[" + str(int(tokenizer.decode(sample.output_ids[:12])))[:6] + "]"
         expected = [1.0 if start <= t < end and t not in tool else 0.0 for t in range(batch.tokens.shape[1])]
         assert batch.loss_mask[row].tolist() == expected
@@ -83,13 +90,18 @@ def test_reward_functions_async_by_key_and_by_group():
     keyed = Scorer(spec(reward_function=f"{HERE}:async_dict_reward", reward_key="copied").rollout, tokenizer)
     assert asyncio.run(keyed.score(prompt, samples)) == [(1.0, None), (0.0, None)]
     unkeyed = Scorer(spec(reward_function=f"{HERE}:async_dict_reward").rollout, tokenizer)
-    assert all(reward is None and "set rollout.reward_key" in why for reward, why in asyncio.run(unkeyed.score(prompt, samples)))
+    assert all(
+        reward is None and "set rollout.reward_key" in why
+        for reward, why in asyncio.run(unkeyed.score(prompt, samples))
+    )
     group = Scorer(spec(group_reward_function=f"{HERE}:group_reward_ranks").rollout, tokenizer)
     assert asyncio.run(group.score(prompt, samples)) == [(1.0, None), (0.0, None)]
 
 
 def test_what_a_users_function_gets_wrong_is_skipped_and_counted():
-    result, _ = filled(spec(generate_function=f"{HERE}:generate_that_fails_on_fives", reward="tests.rewards:fake_digit_share"))
+    result, _ = filled(
+        spec(generate_function=f"{HERE}:generate_that_fails_on_fives", reward="tests.rewards:fake_digit_share")
+    )
     assert len(result.groups) == 4
     unscorable = [group for group, reason in result.dropped if reason is DropReason.UNSCORABLE]
     assert unscorable and all(group.prompt.label == "5" for group in unscorable)
@@ -100,8 +112,10 @@ def test_what_a_users_function_gets_wrong_is_skipped_and_counted():
         return [1.0]
 
     with pytest.raises(GaveUp, match=r"returned \[1.0\], not a list of 2 rewards"):
-        filled(spec(group_reward_function=f"{HERE}:group_reward_ranks", max_consecutive_bad_samples=6),
-               group_function=one_reward_for_two)  # fmt: skip
+        filled(
+            spec(group_reward_function=f"{HERE}:group_reward_ranks", max_consecutive_bad_samples=6),
+            group_function=one_reward_for_two,
+        )
 
 
 async def generate_that_fails_on_fives(sample, engine) -> Generated:
@@ -137,7 +151,9 @@ BROKEN = ""
 )
 def test_a_generated_sample_that_breaks_its_contract_is_bad_data(broken, reason, monkeypatch):
     monkeypatch.setattr(f"{HERE}.BROKEN", broken)
-    job = spec(generate_function=f"{HERE}:generate_breaking_its_contract_on_fives", reward="tests.rewards:fake_digit_share")
+    job = spec(
+        generate_function=f"{HERE}:generate_breaking_its_contract_on_fives", reward="tests.rewards:fake_digit_share"
+    )
     result, _ = filled(job)
     assert len(result.groups) == 4
     unscorable = [group for group, why in result.dropped if why is DropReason.UNSCORABLE]

@@ -33,6 +33,11 @@ def test_modes_that_cannot_run_are_named(tmp_path):
         spec(tmp_path, train_only="missing")
     (tmp_path / "held-out.jsonl").write_text('{"prompt": "1=", "label": "1"}\n')
     with pytest.raises(SpecError, match="debug.train_only starts none"):
-        validate_spec({"name": "t", "debug": {"train_only": "."},
-                       "eval": {"interval_rollouts": 1, "datasets": [{"name": "h", "path": "held-out.jsonl"}]}},
-                      base_dir=tmp_path)  # fmt: skip
+        validate_spec(
+            {
+                "name": "t",
+                "debug": {"train_only": "."},
+                "eval": {"interval_rollouts": 1, "datasets": [{"name": "h", "path": "held-out.jsonl"}]},
+            },
+            base_dir=tmp_path,
+        )

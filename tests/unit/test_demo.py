@@ -21,5 +21,8 @@ def test_the_demo_exports_its_weights_where_the_layout_says(tmp_path, monkeypatc
 
     monkeypatch.setattr(demo, "export_initial_checkpoint", fake_export)
     spec = validate_spec({"name": "t"})
-    assert demo.export_two_versions(spec, tmp_path) == (layout.weights_dir(tmp_path, 0), layout.weights_dir(tmp_path, 1))
+    assert demo.export_two_versions(spec, tmp_path) == (
+        layout.weights_dir(tmp_path, 0),
+        layout.weights_dir(tmp_path, 1),
+    )
     assert written == [layout.weights_dir(tmp_path, 0), layout.weights_dir(tmp_path, 1)]

@@ -32,10 +32,13 @@ def env_of(name: str, assignment: dict, spec, kind: DeviceKind) -> dict[str, str
 
 @pytest.fixture
 def sglang_job(sglang_installed):
-    return validate_spec({
-        "name": "j", "engines": {"kind": "sglang", "tp_size": 2, "count": 1},
-        "trainer": {"dtype": "bf16", "tensor_parallel": 2},
-    })  # fmt: skip
+    return validate_spec(
+        {
+            "name": "j",
+            "engines": {"kind": "sglang", "tp_size": 2, "count": 1},
+            "trainer": {"dtype": "bf16", "tensor_parallel": 2},
+        }
+    )
 
 
 def test_an_sglang_engine_group_takes_tp_size_slots_and_needs_cuda(sglang_job):

@@ -28,13 +28,20 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
 def spec(**rollout):
-    return validate_spec({
-        "name": "t",
-        "data": {"task": "toy_copy", "num_prompts": 64},
-        "rollout": {"prompts_per_rollout": 4, "n_samples_per_prompt": 4, "max_new_tokens": 1, "deterministic": True,
-                    **rollout},
-        "trainer": {"global_batch_size": 16, "micro_batch_size": 16},
-    })  # fmt: skip
+    return validate_spec(
+        {
+            "name": "t",
+            "data": {"task": "toy_copy", "num_prompts": 64},
+            "rollout": {
+                "prompts_per_rollout": 4,
+                "n_samples_per_prompt": 4,
+                "max_new_tokens": 1,
+                "deterministic": True,
+                **rollout,
+            },
+            "trainer": {"global_batch_size": 16, "micro_batch_size": 16},
+        }
+    )
 
 
 class FakeRouter:
@@ -77,7 +84,13 @@ def test_zero_std_and_the_failure_budget():
     assert not zero_std([0.0, 0.0]) and zero_std([0.0, 1.0])
     budget = ConsecutiveFailures(3)
     assert [budget.record(failed) for failed in (True, True, False, True, True, True)] == [
-        False, False, False, False, False, True]  # fmt: skip
+        False,
+        False,
+        False,
+        False,
+        False,
+        True,
+    ]
 
 
 def test_the_buffer_takes_drops_and_round_trips():
@@ -112,7 +125,10 @@ def test_the_filter_keeps_every_rollout_full_and_the_leftovers_wait_in_the_buffe
         dropped = [g for g, reason in filled.dropped if reason is DropReason.FILTERED]
         assert all(not zero_std(g.rewards) for g in dropped)
         used = filled.metrics["rollout/samples_used"]
-        assert used == 16 and filled.metrics["rollout/samples_generated"] == 4 * 8 * filled.metrics["rollout/generation_rounds"]
+        assert (
+            used == 16
+            and filled.metrics["rollout/samples_generated"] == 4 * 8 * filled.metrics["rollout/generation_rounds"]
+        )
     # Nothing generated is lost: every drawn prompt is trained, dropped or buffered (checked over a restart).
     state = groups_sampler.state_dict()
     restarted, _ = sampler(job)
@@ -229,7 +245,9 @@ def keep_nothing(group: Group) -> bool:
 
 
 def test_the_orchestrator_giving_up_fails_the_job_with_its_reason():
-    facts = ExitFacts("orchestrator", EXIT_GAVE_UP, False, False, (), 0.0, given_up="8 samples in a row could not be scored")
+    facts = ExitFacts(
+        "orchestrator", EXIT_GAVE_UP, False, False, (), 0.0, given_up="8 samples in a row could not be scored"
+    )
     decision = decide_exit(facts, RestartPolicy(max_restarts=3, window_s=60))
     assert decision.action is ExitAction.FAIL_JOB and "8 samples in a row" in decision.reason
 
@@ -241,10 +259,14 @@ def test_the_orchestrator_giving_up_fails_the_job_with_its_reason():
         ({"dynamic_filter": "zero_std", "n_samples_per_prompt": 1}, "zero_std drops every group of one sample"),
         ({"dynamic_filter": "median"}, "unknown filter 'median'"),
         ({"buffer_filter": "lifo"}, "unknown filter 'lifo'"),
-        ({"over_sampling_batch_size": 8, "mode": "async"},
-         "rollout.over_sampling_batch_size (8) above prompts_per_rollout cannot be combined with rollout.mode async"),
-        ({"over_sampling_batch_size": 8, "max_staleness": 0},
-         "with rollout.mode sync and rollout.max_staleness 0: the groups it leaves over would be too stale"),
+        (
+            {"over_sampling_batch_size": 8, "mode": "async"},
+            "rollout.over_sampling_batch_size (8) above prompts_per_rollout cannot be combined with rollout.mode async",
+        ),
+        (
+            {"over_sampling_batch_size": 8, "max_staleness": 0},
+            "with rollout.mode sync and rollout.max_staleness 0: the groups it leaves over would be too stale",
+        ),
     ],
 )
 def test_bad_sampling_options_are_named(rollout, field):
@@ -285,8 +307,11 @@ def newest_first(groups: list[Group], count: int) -> list[int]:
 
 
 def test_a_users_dynamic_filter_and_buffer_filter_are_used():
-    job = spec(dynamic_filter="tests.unit.test_dynamic_sampling:keep_odd_prompts",
-               buffer_filter="tests.unit.test_dynamic_sampling:newest_first", over_sampling_batch_size=8)  # fmt: skip
+    job = spec(
+        dynamic_filter="tests.unit.test_dynamic_sampling:keep_odd_prompts",
+        buffer_filter="tests.unit.test_dynamic_sampling:newest_first",
+        over_sampling_batch_size=8,
+    )
     groups_sampler, _ = sampler(job)
     filled = asyncio.run(groups_sampler.fill(0))
     assert len(filled.groups) == 4 and all(g.prompt.index % 2 == 1 for g in filled.groups)
@@ -359,8 +384,12 @@ def test_failed_requests_count_the_rollouts_eval_too(tmp_path, monkeypatch):
     monkeypatch.setattr(generation, "REQUEST_BACKOFF_S", 0.001)
     path = tmp_path / "held-out.jsonl"
     path.write_text("".join(f'{{"prompt": "{d}=", "label": "{d}"}}\n' for d in range(4)))
-    job = validate_spec({**spec().model_dump(exclude={"workdir"}),
-                         "eval": {"interval_rollouts": 1, "datasets": [{"name": "digits", "path": str(path)}]}})  # fmt: skip
+    job = validate_spec(
+        {
+            **spec().model_dump(exclude={"workdir"}),
+            "eval": {"interval_rollouts": 1, "datasets": [{"name": "digits", "path": str(path)}]},
+        }
+    )
     tokenizer = load_tokenizer(job.model)
     groups_sampler = GroupSampler(job, tokenizer, FailingRouter(tokenizer, failures=2))
     evaluator = Evaluator(job, tokenizer, groups_sampler.generator, groups_sampler.scorer)

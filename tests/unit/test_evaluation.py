@@ -24,12 +24,14 @@ def job(tmp_path, interval: int = 2, **dataset):
     path = tmp_path / "held-out.jsonl"
     rows = [{"prompt": f"{d}=", "label": str(d)} for d in range(10)] + [{"prompt": "1" * 80 + "=", "label": "1"}]
     path.write_bytes(b"\n".join(orjson.dumps(row) for row in rows))
-    return validate_spec({
-        "name": "t",
-        "rollout": {"prompts_per_rollout": 4, "n_samples_per_prompt": 4, "max_new_tokens": 1, "max_prompt_len": 8},
-        "trainer": {"global_batch_size": 16, "micro_batch_size": 16},
-        "eval": {"interval_rollouts": interval, "datasets": [{"name": "digits", "path": str(path), **dataset}]},
-    })  # fmt: skip
+    return validate_spec(
+        {
+            "name": "t",
+            "rollout": {"prompts_per_rollout": 4, "n_samples_per_prompt": 4, "max_new_tokens": 1, "max_prompt_len": 8},
+            "trainer": {"global_batch_size": 16, "micro_batch_size": 16},
+            "eval": {"interval_rollouts": interval, "datasets": [{"name": "digits", "path": str(path), **dataset}]},
+        }
+    )
 
 
 def test_eval_runs_at_its_interval_and_reports_each_dataset(tmp_path):
@@ -56,7 +58,12 @@ def test_bad_eval_settings_are_named(tmp_path):
     with pytest.raises(SpecError, match="eval: interval_rollouts is set but datasets is empty"):
         validate_spec({"name": "t", "eval": {"interval_rollouts": 5}})
     with pytest.raises(SpecError, match=r"eval.datasets.0.path: file not found"):
-        validate_spec({"name": "t", "eval": {"interval_rollouts": 5, "datasets": [{"name": "x", "path": str(tmp_path / "no.jsonl")}]}})
+        validate_spec(
+            {
+                "name": "t",
+                "eval": {"interval_rollouts": 5, "datasets": [{"name": "x", "path": str(tmp_path / "no.jsonl")}]},
+            }
+        )
     spec = job(tmp_path).model_dump()
     spec["eval"]["datasets"] *= 2
     with pytest.raises(SpecError, match="repeated: digits"):

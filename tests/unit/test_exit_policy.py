@@ -22,7 +22,9 @@ POLICY = RestartPolicy(max_restarts=2, window_s=60, base_delay_s=0.5, max_delay_
 
 
 def decide(role: str, code: int | None, finished=False, idle_spare=False, restarts=(), given_up=""):
-    return decide_exit(ExitFacts(role, code, finished, idle_spare, tuple(restarts), now=100.0, given_up=given_up), POLICY)
+    return decide_exit(
+        ExitFacts(role, code, finished, idle_spare, tuple(restarts), now=100.0, given_up=given_up), POLICY
+    )
 
 
 def test_the_orchestrator_ending_after_the_last_rollout_settles_the_job():

@@ -28,13 +28,22 @@ MAX_NEW_TOKENS = 12
 
 
 def spec(**rollout):
-    return validate_spec({
-        "name": "t",
-        "data": {"task": "toy_copy", "num_prompts": 64},
-        "rollout": {"prompts_per_rollout": 4, "n_samples_per_prompt": 2, "max_new_tokens": MAX_NEW_TOKENS,
-                    "deterministic": True, "over_sampling_batch_size": 8, "partial_rollout": True, **rollout},
-        "trainer": {"global_batch_size": 8, "micro_batch_size": 8},
-    })  # fmt: skip
+    return validate_spec(
+        {
+            "name": "t",
+            "data": {"task": "toy_copy", "num_prompts": 64},
+            "rollout": {
+                "prompts_per_rollout": 4,
+                "n_samples_per_prompt": 2,
+                "max_new_tokens": MAX_NEW_TOKENS,
+                "deterministic": True,
+                "over_sampling_batch_size": 8,
+                "partial_rollout": True,
+                **rollout,
+            },
+            "trainer": {"global_batch_size": 8, "micro_batch_size": 8},
+        }
+    )
 
 
 class FakeStreamingRouter:
@@ -170,8 +179,13 @@ def test_aborted_groups_are_continued_even_when_the_buffer_alone_fills_the_rollo
 
 
 def test_over_sampling_beyond_what_max_staleness_lets_wait_is_refused():
-    with pytest.raises(SpecError, match=re.escape("over_sampling_batch_size (12) is over (max_staleness + 1) x "
-                                                  "prompts_per_rollout (8) with rollout.partial_rollout")):  # fmt: skip
+    with pytest.raises(
+        SpecError,
+        match=re.escape(
+            "over_sampling_batch_size (12) is over (max_staleness + 1) x "
+            "prompts_per_rollout (8) with rollout.partial_rollout"
+        ),
+    ):
         spec(over_sampling_batch_size=12)
 
 

@@ -67,8 +67,11 @@ def test_an_unimportable_function_is_a_spec_error_naming_the_field_and_module(tm
     (tmp_path / "broken_reward.py").write_text("def score(:\n")
     (tmp_path / "raising_reward.py").write_text("raise RuntimeError('no GPU')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(SpecError, match=r"rollout.reward_function: cannot load 'broken_reward:score': importing "
-                                         r"module 'broken_reward' raised SyntaxError"):  # fmt: skip
+    with pytest.raises(
+        SpecError,
+        match=r"rollout.reward_function: cannot load 'broken_reward:score': importing "
+        r"module 'broken_reward' raised SyntaxError",
+    ):
         load_function("rollout.reward_function", "broken_reward:score")
     with pytest.raises(SpecError, match="module 'raising_reward' raised RuntimeError: no GPU"):
         load_function("rollout.reward_function", "raising_reward:score")

@@ -27,15 +27,23 @@ UNIMPORTABLE = "no_such_module_of_the_user:function"
 
 
 def spec(**fields):
-    rollout = {"prompts_per_rollout": 4, "n_samples_per_prompt": 4, "max_new_tokens": 1, "deterministic": True,
-               "num_rollouts": 2, **fields.pop("rollout", {})}  # fmt: skip
-    return validate_spec({
-        "name": "t",
-        "data": {"task": "toy_copy", "num_prompts": 64},
-        "rollout": rollout,
-        "trainer": {"global_batch_size": 16, "micro_batch_size": 16},
-        **fields,
-    })  # fmt: skip
+    rollout = {
+        "prompts_per_rollout": 4,
+        "n_samples_per_prompt": 4,
+        "max_new_tokens": 1,
+        "deterministic": True,
+        "num_rollouts": 2,
+        **fields.pop("rollout", {}),
+    }
+    return validate_spec(
+        {
+            "name": "t",
+            "data": {"task": "toy_copy", "num_prompts": 64},
+            "rollout": rollout,
+            "trainer": {"global_batch_size": 16, "micro_batch_size": 16},
+            **fields,
+        }
+    )
 
 
 class RecordingProgress(ProgressReporter):

@@ -63,9 +63,12 @@ def test_a_chat_of_several_turns_trains_on_every_assistant_turn_and_nothing_else
     chat = (("system", "be brief"), ("user", "2+2?"), ("assistant", "4"), ("user", "and 3+3?"), ("assistant", "6"))
     assert example(tokenizer, CHAT, Prompt(0, 0, "", "", chat)) == expected(
         tokenizer,
-        ("<bos>system:be brief<eos>;<bos>user:2+2?<eos>;<bos>assistant:", 0), ("4<eos>", 1),
-        (";<bos>user:and 3+3?<eos>;<bos>assistant:", 0), ("6<eos>", 1), (";", 0),
-    )  # fmt: skip
+        ("<bos>system:be brief<eos>;<bos>user:2+2?<eos>;<bos>assistant:", 0),
+        ("4<eos>", 1),
+        (";<bos>user:and 3+3?<eos>;<bos>assistant:", 0),
+        ("6<eos>", 1),
+        (";", 0),
+    )
 
 
 def test_a_pair_through_the_template_is_a_one_turn_chat_after_the_system_prompt(tokenizer):

@@ -32,8 +32,9 @@ def recorded_events(monkeypatch) -> list[str]:
 
 
 def respond(decision: Decision, workdir, reports: bool = True, replica: int = 0) -> None:
-    respond_to_nan(decision, reports, workdir, rollout_id=4, step=9, proc=f"trainer-{replica}-0", replica=replica,
-                   device="cpu:0")  # fmt: skip
+    respond_to_nan(
+        decision, reports, workdir, rollout_id=4, step=9, proc=f"trainer-{replica}-0", replica=replica, device="cpu:0"
+    )
 
 
 def test_a_skipped_step_is_reported_once_and_the_process_goes_on(tmp_path, recorded_events):

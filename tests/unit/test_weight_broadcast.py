@@ -57,14 +57,22 @@ def test_the_requests_carry_sglangs_fields(monkeypatch):
     init, last, first, destroy = sent
     assert init[:2] == ("POST", "/init_weights_update_group") and init[3] == 60
     assert init[2] == {
-        "master_address": "10.0.0.2", "master_port": 29500, "rank_offset": 3, "world_size": 7,
-        "group_name": "erl-weights-4", "backend": "nccl",
-    }  # fmt: skip
+        "master_address": "10.0.0.2",
+        "master_port": 29500,
+        "rank_offset": 3,
+        "world_size": 7,
+        "group_name": "erl-weights-4",
+        "backend": "nccl",
+    }
     assert last[1] == "/update_weights_from_distributed"
     assert last[2] == {
-        "names": ["w"], "dtypes": ["float32"], "shapes": [[2, 3]], "group_name": "erl-weights-4",
-        "flush_cache": True, "weight_version": "4",
-    }  # fmt: skip
+        "names": ["w"],
+        "dtypes": ["float32"],
+        "shapes": [[2, 3]],
+        "group_name": "erl-weights-4",
+        "flush_cache": True,
+        "weight_version": "4",
+    }
     assert "weight_version" not in first[2] and first[2]["flush_cache"] is False
     assert destroy[1:3] == ("/destroy_weights_update_group", {"group_name": "erl-weights-4"})
 

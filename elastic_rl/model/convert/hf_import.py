@@ -77,7 +77,9 @@ def _sharded(reader: SafetensorsReader, name: str, param: torch.nn.Parameter, ra
     return read(name, start, start + param.shape[dim])
 
 
-def _qkv_slice(reader: SafetensorsReader, names: tuple[str, str, str], arch: Architecture, rank: int, tp: int) -> torch.Tensor:
+def _qkv_slice(
+    reader: SafetensorsReader, names: tuple[str, str, str], arch: Architecture, rank: int, tp: int
+) -> torch.Tensor:
     """This rank's key/value groups of the fused q/k/v: [its q heads, k, v] per group."""
     per_group, head_dim = query_groups(arch)
     groups = arch.num_query_groups // tp
@@ -116,15 +118,17 @@ def import_hf_weights(model: torch.nn.Module, arch: Architecture, folder: Path, 
         elif name in fc1:
             rows = param.shape[0] // 2
             gate, up = fc1[name]
-            value = torch.cat([reader.rows(gate, rank * rows, (rank + 1) * rows), reader.rows(up, rank * rows, (rank + 1) * rows)])
+            value = torch.cat(
+                [reader.rows(gate, rank * rows, (rank + 1) * rows), reader.rows(up, rank * rows, (rank + 1) * rows)]
+            )
         else:
             raise ValueError(f"{folder}: the {arch.family} importer has no HF tensor for megatron's {name}")
         if value.shape != param.shape:
-            raise ValueError(f"{folder}: {name} has shape {tuple(value.shape)} here, megatron expects {tuple(param.shape)}")
+            raise ValueError(
+                f"{folder}: {name} has shape {tuple(value.shape)} here, megatron expects {tuple(param.shape)}"
+            )
         param.copy_(value)
     ignored = {HF_OUTPUT} if arch.tie_embeddings else set()
-    unused = sorted(
-        name for name in set(reader.files) - reader.read - ignored if not name.endswith(IGNORED_SUFFIXES)
-    )
+    unused = sorted(name for name in set(reader.files) - reader.read - ignored if not name.endswith(IGNORED_SUFFIXES))
     if unused:
         raise ValueError(f"{folder}: tensors the {arch.family} architecture does not use: {unused[:5]}")
