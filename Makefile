@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 SMOLLM2 := models/smollm2-135m-instruct
 
-.PHONY: setup models run smollm2 demo test chaos etcd clean
+.PHONY: setup models run smollm2 demo lint test chaos etcd clean
 
 setup: $(INSTALLED) etcd
 
@@ -27,7 +27,7 @@ $(INSTALLED): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# The CPU torch first and pinned: an unpinned torch pulls gigabytes of CUDA wheels.
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,models,metrics]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,models,metrics,lint]'
 	touch $@
 
 etcd:
@@ -45,7 +45,12 @@ smollm2: setup models
 demo: setup
 	$(PY) -m elastic_rl.demo examples/tiny-grpo.yaml
 
-test: setup models
+# ruff: its lint rules, and the formatting.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: setup models lint
 	$(PY) -m pytest
 
 # Every test marked chaos: the scenario library (chaos/scenarios/*.yaml), each against its fault-free run

@@ -30,7 +30,8 @@ def show(value: float | None) -> str:
 def main() -> None:
     paths = [Path(p) for p in sys.argv[1:]] or sorted((REPO / "chaos" / "scenarios").glob("*.yaml"))
     print(
-        "| scenario | passed | ETTR | fault-free (s) | with faults (s) | fault | detected (s) | next rollout (s) | lost (s) | steps redone |"
+        "| scenario | passed | ETTR | fault-free (s) | with faults (s) | fault | detected (s) | next rollout (s) "
+        "| lost (s) | steps redone |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:

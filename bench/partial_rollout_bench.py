@@ -22,10 +22,10 @@ from statistics import mean
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import SPEC, erl, job_status, running_daemon  # noqa: E402
-
 from checkpoints import layout  # noqa: E402
 from checkpoints.rollout_log import read_rollout  # noqa: E402
+
+from harness import SPEC, erl, job_status, running_daemon  # noqa: E402
 
 ROLLOUTS = 20
 JOB = [
@@ -61,7 +61,8 @@ def tokens(workdir: Path) -> tuple[float, int, int]:
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="erl-partial-rollout-bench-"))
     print(
-        "| variant | generation s per rollout | s between trained rollouts | tokens generated | trained | still buffered | never trained |"
+        "| variant | generation s per rollout | s between trained rollouts | tokens generated | trained "
+        "| still buffered | never trained |"
     )
     print("|---|---|---|---|---|---|---|")
     with running_daemon(root, cpu_devices=4) as endpoint:

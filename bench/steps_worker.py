@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import SPEC  # noqa: E402
 from torchft_overhead import NoQuorum, synthetic_batch  # noqa: E402
 
 from elastic_rl.atomic import write_file_atomic  # noqa: E402
@@ -37,6 +36,8 @@ from elastic_rl.model.architecture import from_toy_spec  # noqa: E402
 from elastic_rl.model.gpt import build_gpt, init_model_parallel  # noqa: E402
 from elastic_rl.trainer.grpo import GrpoTrainer  # noqa: E402
 from elastic_rl.trainer.lr_schedule import lr_lambda  # noqa: E402
+
+from harness import SPEC  # noqa: E402
 
 # One optimizer step per rollout: 16 prompts x 16 samples, all in one global batch.
 OVERRIDES = ["rollout.prompts_per_rollout=16", "trainer.global_batch_size=256", "trainer.replicas=2"]

@@ -26,14 +26,14 @@ import orjson
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import REPO, SPEC, free_port  # noqa: E402
-
 from checkpoints.rollout_log import RolloutBatch, response_mask  # noqa: E402
 from elastic_rl.config import load_spec  # noqa: E402
 from elastic_rl.model.architecture import from_toy_spec  # noqa: E402
 from elastic_rl.model.gpt import build_gpt, init_model_parallel  # noqa: E402
 from elastic_rl.trainer.grpo import GrpoTrainer  # noqa: E402
 from elastic_rl.trainer.lr_schedule import lr_lambda  # noqa: E402
+
+from harness import REPO, SPEC, free_port  # noqa: E402
 
 MODELS = {
     "tiny": [],

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from checkpoints.discovery import newest_valid_snapshot
 from chaos.scenario import Fault, FaultKind
 from chaos.topology import Topology
+from checkpoints.discovery import newest_valid_snapshot
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 

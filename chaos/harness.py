@@ -22,13 +22,13 @@ from pathlib import Path
 
 import orjson
 
-from checkpoints import layout
 from chaos.faults import NoTarget
 from chaos.invariants import Check, check_run
 from chaos.report import FaultReport, analyse_faults, write_report
 from chaos.runner import JobRun, Moment, run_job
 from chaos.scenario import At, ChaosScenario, FaultKind
 from chaos.topology import REPO, Topology
+from checkpoints import layout
 from elastic_rl.config import load_spec
 from elastic_rl.trainer.nan_injection import ENV_VAR as NAN_ENV_VAR
 

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from checkpoints import layout
 from chaos.invariants import drawn_prompts, jsonl, read_spec
 from chaos.runner import JobRun
+from checkpoints import layout
 
 if TYPE_CHECKING:
     from chaos.harness import ScenarioResult
@@ -139,7 +139,8 @@ def markdown(result: ScenarioResult) -> str:
         "|---|---|---|",
         *(f"| {c.name} | {'yes' if c.held else '**no**'} | {c.detail} |" for c in result.checks),
         "",
-        "| fault | target | at (s) | detected after (s) | back to progress after (s) | time lost (s) | steps redone | samples lost |",
+        "| fault | target | at (s) | detected after (s) | back to progress after (s) | time lost (s) | steps redone "
+        "| samples lost |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for f in result.faults:

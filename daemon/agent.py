@@ -34,17 +34,17 @@ from typing import Any
 
 import orjson
 
+from checkpoints import layout
 from daemon import engines
 from daemon.notify import child_environment
-from daemon.plan import Endpoints, ProcSpec, Role, command, device_env, process_env, proc_spec, server_url
+from daemon.plan import Endpoints, ProcSpec, Role, command, device_env, proc_spec, process_env, server_url
 from daemon.proctable import LocalProc, ProcessTable, ProcState
-from checkpoints import layout
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.config import JobSpec
-from elastic_rl.events import EventLog
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.errors import EngineError
+from elastic_rl.events import EventLog
 from elastic_rl.net import url
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store

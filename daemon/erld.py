@@ -298,7 +298,10 @@ class Erld:
         running = sum(1 for p in self.table.procs.values() if p.state is ProcState.RUNNING)
         role = "leader" if self.leading else "agent"
         slots = "GPU" if self.config.device_kind is DeviceKind.CUDA else "device"
-        return f"node {self.node} ({role}): {len(self.agents)} job(s), {running} process(es), {self.config.devices} {slots} slots"
+        return (
+            f"node {self.node} ({role}): {len(self.agents)} job(s), {running} process(es), "
+            f"{self.config.devices} {slots} slots"
+        )
 
     async def run(self) -> None:
         await self.join()

@@ -194,7 +194,8 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
     print(f"leader: {cluster['leader'] or '-'}")
     for node in cluster["nodes"]:
         print(
-            f"node {node['node']} ({node['advertise_host']}, erld pid {node['pid']}): {len(node['devices'])} device slots"
+            f"node {node['node']} ({node['advertise_host']}, erld pid {node['pid']}): "
+            f"{len(node['devices'])} device slots"
         )
         for device in node["devices"]:
             detail = device.get("proc") or ""
@@ -306,7 +307,6 @@ def cmd_model_import(args: argparse.Namespace) -> int:
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     import logging
-
     import socket
 
     from daemon.erld import NodeConfig, serve

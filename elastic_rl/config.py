@@ -800,7 +800,8 @@ class JobSpec(Component):
         if self.engines.weight_sync == "distributed":
             if self.engines.kind != "sglang":
                 raise ValueError(
-                    "engines.weight_sync distributed broadcasts into SGLang engines: set engines.kind sglang, or use disk"
+                    "engines.weight_sync distributed broadcasts into SGLang engines: "
+                    "set engines.kind sglang, or use disk"
                 )
             if self.rollout.mode != "sync":
                 raise ValueError(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import operator
 import re
 
-from elastic_rl.rollout.generation import EngineSession, GenerateInput, Generated
+from elastic_rl.rollout.generation import EngineSession, Generated, GenerateInput
 
 EXPRESSION = re.compile(r"\d+(?:[+\-*]\d+)*")
 LONGEST_ANSWER = 8  # characters of the value the calculator inserts, brackets included

@@ -1,1 +1,4 @@
-"""Pure decisions, no I/O: observed state in, actions out (restart backoff, health verdicts, NaN response, placement)."""
+"""Pure decisions, no I/O: observed state in, actions out.
+
+Restart backoff, health verdicts, the NaN response, placement.
+"""

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+
 from elastic_rl.errors import EngineError, EngineRejected
 from elastic_rl.retry import with_retries
 

@@ -27,10 +27,9 @@ weights.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Protocol
-
-import logging
 
 import torch
 import torch.nn.functional as F

@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
-from torch.distributed import TCPStore
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
+from torch.distributed import TCPStore
 
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.device import activate, assigned

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers

@@ -33,6 +33,7 @@ import orjson
 import torch
 
 from checkpoints import layout
+from checkpoints.rollout_log import RolloutBatch, read_rollout, write_rollout
 from elastic_rl import jobenv
 from elastic_rl.algo.choices import AlgorithmKind
 from elastic_rl.atomic import write_file_atomic
@@ -42,7 +43,6 @@ from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
-from checkpoints.rollout_log import RolloutBatch, read_rollout, write_rollout
 from elastic_rl.rollout.evaluation import Evaluator
 from elastic_rl.rollout.generation import Serving
 from elastic_rl.rollout.groups import samples_record, to_batch

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 import aetcd
 import orjson
 from aetcd import exceptions as etcd_errors
+
 from elastic_rl.errors import ElasticRLError
 from elastic_rl.retry import with_retries
 

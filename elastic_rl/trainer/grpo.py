@@ -3,8 +3,9 @@
 A rollout batch is trained in ``samples / global_batch_size`` steps. Each
 step's global batch is split by that step's quorum (participant i of n takes
 shard i), the loss is normalised by the global batch (its response tokens or
-its samples, ``algorithm.loss_aggregation``), and gradients are summed across replicas in one all-reduce, so the gradient does
-not depend on how many replicas took part. The same all-reduce carries each
+its samples, ``algorithm.loss_aggregation``), and gradients are summed across
+replicas in one all-reduce, so the gradient does not depend on how many
+replicas took part. The same all-reduce carries each
 replica's verdict on its own shard (finite or not) and the metric sums, so
 every replica sees the same step and reaches the same NaN/Inf response
 (``policies.nan_guard``). The step is taken only if the Manager commits.
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from checkpoints.rollout_log import RolloutBatch
 from elastic_rl.algo.advantages import token_advantages
 from elastic_rl.algo.choices import AlgorithmKind
 from elastic_rl.algo.kl import KL_ESTIMATORS
@@ -27,11 +29,9 @@ from elastic_rl.algo.losses import aggregate, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
 from elastic_rl.config import JobSpec
 from elastic_rl.model.sequence_log_probs import sequence_log_probs
-from checkpoints.rollout_log import RolloutBatch
 from elastic_rl.trainer.grad_norm import grad_norm
 from elastic_rl.trainer.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere
-
 
 # Sums over the step's samples, all-reduced across replicas; samples_per_step proves the global batch was whole.
 METRIC_NAMES = (

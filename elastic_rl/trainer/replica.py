@@ -40,9 +40,10 @@ from torchft import Manager, ProcessGroupBabyNCCL, ProcessGroupGloo, ProcessGrou
 from checkpoints import layout
 from checkpoints.discovery import SnapshotInfo, newest_valid_snapshot
 from checkpoints.retention import apply_retention
+from checkpoints.rollout_log import read_rollout
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
-from elastic_rl import jobenv
 from elastic_rl import device as process_device
+from elastic_rl import jobenv
 from elastic_rl.errors import SpecError
 from elastic_rl.events import emit_event
 from elastic_rl.fencing import Assignment
@@ -50,7 +51,6 @@ from elastic_rl.model.export import write_initial_checkpoint
 from elastic_rl.model.gpt import init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.net import LOOPBACK
-from checkpoints.rollout_log import read_rollout
 from elastic_rl.trainer.grpo import GrpoTrainer, RolloutContext
 from elastic_rl.trainer.heal_transport import LoopbackTransport
 from elastic_rl.trainer.lr_schedule import lr_lambda

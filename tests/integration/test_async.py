@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.invariants import check_run, check_rollouts_applied_once, check_staleness, check_whole_batches, read_spec
+from chaos.invariants import check_rollouts_applied_once, check_run, check_staleness, check_whole_batches, read_spec
 from checkpoints import layout
 from checkpoints.rollout_log import read_rollout
 from tests.integration.erld_support import metrics, run_job, status

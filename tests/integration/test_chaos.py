@@ -53,7 +53,8 @@ def test_a_bad_scenario_is_named_and_exits_2(tmp_path):
     ran = erl("chaos", "run", str(bad))
     assert ran.returncode == 2 and "faults.0.kind" in ran.stderr
     bad.write_text(
-        f"name: bad\njob: {REPO / 'examples' / 'tiny-grpo.yaml'}\nfaults:\n  - {{kind: kill_node, at: {{rollout: 1}}}}\n"
+        f"name: bad\njob: {REPO / 'examples' / 'tiny-grpo.yaml'}\n"
+        "faults:\n  - {kind: kill_node, at: {rollout: 1}}\n"
     )
     ran = erl("chaos", "run", str(bad))
     assert ran.returncode == 2 and "kill_node needs topology.nodes >= 2" in ran.stderr

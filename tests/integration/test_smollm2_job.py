@@ -111,7 +111,8 @@ def test_exported_weights_load_in_transformers(fault_free):
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.tie_word_embeddings
 
 
-@pytest.mark.chaos  # `make chaos`, to keep `make test` under 20 minutes; make test heals the tiny model (test_cluster.py)
+# `make chaos`, to keep `make test` under 20 minutes; make test heals the tiny model (test_cluster.py)
+@pytest.mark.chaos
 @pytest.mark.timeout(600)
 def test_a_killed_replica_heals_from_its_peer(smollm2_daemon, fault_free, tmp_path):
     """Two replicas; replica 1 SIGKILLed after rollout 1: it restarts, heals from replica 0 and rejoins.

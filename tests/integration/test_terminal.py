@@ -1,5 +1,6 @@
 """What a person at the terminal meets: Ctrl-C on `erl run`, a second erld for a node that has one,
-an erld started again on the etcd its dead predecessor left, stopping the background erld, finished jobs kept in `erl list --all`, the demo's own folder."""
+an erld started again on the etcd its dead predecessor left, stopping the background erld, finished jobs kept
+in `erl list --all`, the demo's own folder."""
 
 from __future__ import annotations
 

@@ -70,7 +70,8 @@ def test_gspo_ratio_is_the_sequence_mean_and_its_gradient_flows_per_token():
 
 
 def test_gspo_clips_the_whole_sequence():
-    # Mean log ratio 0.4: exp(0.4) = 1.49 > 1.28, so every token of the sequence is clipped, even one whose own ratio is 1.
+    # Mean log ratio 0.4: exp(0.4) = 1.49 > 1.28, so every token of the sequence is clipped,
+    # even one whose own ratio is 1.
     logp = torch.tensor([[0.8, 0.0]], requires_grad=True)
     loss, clipped = gspo_clipped_loss(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), 0.2, 0.28)
     assert torch.allclose(loss, torch.tensor([[-1.28, -1.28]]))
@@ -99,7 +100,8 @@ def test_tis_multiplies_the_policy_loss_by_its_weight_and_nothing_else():
     )
     plain = token_losses(AlgorithmSpec(), logp, **args)
     with_tis = token_losses(AlgorithmSpec(tis_cap=1.5), logp, **args)
-    # Per token: -A * ratio, ratio exp(0.1) and exp(-0.1) (both inside the clip band), times min(exp(0.5), 1.5) and exp(-1).
+    # Per token: -A * ratio, ratio exp(0.1) and exp(-0.1) (both inside the clip band),
+    # times min(exp(0.5), 1.5) and exp(-1).
     expected_plain = torch.tensor([[-math.exp(0.1), math.exp(-0.1)]])
     assert torch.allclose(plain.loss, expected_plain)
     assert torch.allclose(with_tis.loss, expected_plain * torch.tensor([[1.5, math.exp(-1.0)]]))

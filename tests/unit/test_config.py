@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from elastic_rl.config import apply_overrides, load_spec, validate_spec
 from elastic_rl.errors import SpecError
@@ -47,7 +48,7 @@ def test_override_without_equals_is_refused():
 
 def test_spec_is_frozen():
     spec = load_spec(SPEC)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         spec.rollout.temperature = 2.0
 
 

@@ -6,18 +6,18 @@ included, and weight loads that time out). Generation is a fake router (a seeded
 from __future__ import annotations
 
 import asyncio
-import re
 import random
+import re
 
 import pytest
 
 from elastic_rl.config import validate_spec
 from elastic_rl.errors import EngineError, GaveUp, SpecError
-from elastic_rl.rollout import generation
-from elastic_rl.rollout.generation import Serving
 from elastic_rl.model.tokenizer import load_tokenizer
+from elastic_rl.rollout import generation
 from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.evaluation import Evaluator
+from elastic_rl.rollout.generation import Serving
 from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, SampleStatus, Segment, samples_record, to_batch
 from elastic_rl.rollout.sampler import DropReason, GroupSampler
 from policies.dynamic_sampling import ConsecutiveFailures, zero_std

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_rl.config import EnginesSpec
 from elastic_rl import jobenv
+from elastic_rl.config import EnginesSpec
 from elastic_rl.engines.launcher import engine_command, engine_env
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
