@@ -45,10 +45,11 @@ smollm2: setup models
 demo: setup
 	$(PY) -m elastic_rl.demo examples/tiny-grpo.yaml
 
-# ruff: its lint rules, and the formatting.
+# ruff's lint rules and formatting, then the import contracts in pyproject.toml (no circles; imports go down).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-logo
 
 test: setup models lint
 	$(PY) -m pytest

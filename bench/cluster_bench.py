@@ -32,7 +32,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from chaos.runner import erl, job_status  # noqa: E402
+from chaos.erl_cli import erl, job_status  # noqa: E402
 from chaos.topology import Topology  # noqa: E402
 
 SPEC = REPO / "examples" / "tiny-grpo.yaml"

@@ -26,11 +26,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from elastic_rl.config import DataSpec  # noqa: E402
 from elastic_rl.engines.client import EngineClient  # noqa: E402
 from elastic_rl.net import free_port, url  # noqa: E402
 from elastic_rl.rollout.prompts import render  # noqa: E402
 from elastic_rl.rollout.tasks import arithmetic  # noqa: E402
+from elastic_rl.spec.data import DataSpec  # noqa: E402
 from tests.processes import SMOLLM2  # noqa: E402
 
 

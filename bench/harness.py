@@ -15,8 +15,8 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from chaos.runner import erl as erl_process  # noqa: E402
-from chaos.runner import job_status as chaos_job_status  # noqa: E402
+from chaos.erl_cli import erl as erl_process  # noqa: E402
+from chaos.erl_cli import job_status as chaos_job_status  # noqa: E402
 from chaos.topology import Topology  # noqa: E402
 from elastic_rl.net import free_port  # noqa: E402, F401 (the benchmarks' ports)
 

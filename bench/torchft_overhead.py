@@ -27,9 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints.rollout_log import RolloutBatch, response_mask  # noqa: E402
-from elastic_rl.config import load_spec  # noqa: E402
-from elastic_rl.model.architecture import from_toy_spec  # noqa: E402
 from elastic_rl.model.gpt import build_gpt, init_model_parallel  # noqa: E402
+from elastic_rl.model.source import from_toy_spec  # noqa: E402
+from elastic_rl.spec.loading import load_spec  # noqa: E402
 from elastic_rl.trainer.grpo import GrpoTrainer  # noqa: E402
 from elastic_rl.trainer.lr_schedule import lr_lambda  # noqa: E402
 

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chaos.erl_cli import erl
 from chaos.scenario import Fault, FaultKind
 from chaos.topology import Topology
 from checkpoints.discovery import newest_valid_snapshot
@@ -143,8 +144,6 @@ def inject(fault: Fault, topology: Topology, status: dict, workdir: Path, rng: r
             handle.write(bytes(b ^ 0xFF for b in chunk))
         return Injection(kind.value, str(snapshot.path.relative_to(workdir)), now)
     if kind is FaultKind.SCALE_ENGINES:
-        from chaos.runner import erl
-
         scaled = erl("scale", status["job"], "--engines", str(fault.target), "--etcd", topology.endpoint)
         if scaled.returncode != 0:
             raise NoTarget(f"`erl scale` refused: {scaled.stderr.strip()}")

@@ -17,45 +17,24 @@ import os
 import random
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from chaos.faults import NoTarget
-from chaos.invariants import Check, check_run
-from chaos.report import FaultReport, analyse_faults, write_report
+from chaos.invariants import check_run
+from chaos.report import ScenarioResult, analyse_faults, write_report
 from chaos.runner import JobRun, Moment, run_job
 from chaos.scenario import At, ChaosScenario, FaultKind
 from chaos.topology import REPO, Topology
 from checkpoints import layout
-from elastic_rl.config import load_spec
+from elastic_rl.spec.loading import load_spec
 from elastic_rl.trainer.nan_injection import ENV_VAR as NAN_ENV_VAR
 
 # The harness reads the whole rollout log and every snapshot afterwards.
 KEEP_EVERYTHING = ["checkpoints.keep_last=1000"]
 SOURCES = ("elastic_rl", "daemon", "policies", "checkpoints")
 CACHE_ENV = "ERL_CHAOS_CACHE"
-
-
-@dataclass
-class ScenarioResult:
-    scenario: ChaosScenario
-    checks: list[Check]
-    faults: list[FaultReport]
-    reference_wall_s: float
-    faulty_wall_s: float
-    out: Path
-    error: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return not self.error and all(check.held for check in self.checks)
-
-    @property
-    def ettr(self) -> float:
-        """Effective training time ratio: the fault-free run's wall time over the faulty run's."""
-        return self.reference_wall_s / self.faulty_wall_s if self.faulty_wall_s else 0.0
 
 
 def code_hash() -> str:

@@ -33,7 +33,7 @@ from checkpoints import layout
 from checkpoints.discovery import valid_steps
 from checkpoints.manifest import read_manifest
 from checkpoints.rollout_log import BATCH_FILE
-from elastic_rl.config import JobSpec
+from elastic_rl.spec.job import JobSpec
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """A chaos scenario's report: report.md, report.json and timeline.png in the scenario's --out folder.
 
+What a scenario's run found is a ``ScenarioResult`` (the harness, ``chaos.harness``,
+returns one): the invariants' verdicts, a ``FaultReport`` per fault, and the
+wall times of the fault-free run and the faulty one; ``write_report`` renders it.
 For each fault, from the run's events and metrics against the fault-free run:
 
 - detection: from the fault to the first event that saw it (a process exit,
@@ -21,16 +24,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING
 
 import orjson
 
-from chaos.invariants import drawn_prompts, jsonl, read_spec
+from chaos.invariants import Check, drawn_prompts, jsonl, read_spec
 from chaos.runner import JobRun
+from chaos.scenario import ChaosScenario
 from checkpoints import layout
-
-if TYPE_CHECKING:
-    from chaos.harness import ScenarioResult
 
 DETECTIONS = (
     "proc_exited",
@@ -61,6 +61,30 @@ class FaultReport:
     time_lost_s: float
     steps_redone: int
     samples_lost: int
+
+
+@dataclass
+class ScenarioResult:
+    """What a scenario's run found: every invariant's verdict, each fault's figures, both wall times.
+    The report renders it; the harness returns it."""
+
+    scenario: ChaosScenario
+    checks: list[Check]
+    faults: list[FaultReport]
+    reference_wall_s: float
+    faulty_wall_s: float
+    out: Path
+    """The scenario's --out folder, where the report goes."""
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and all(check.held for check in self.checks)
+
+    @property
+    def ettr(self) -> float:
+        """Effective training time ratio: the fault-free run's wall time over the faulty run's."""
+        return self.reference_wall_s / self.faulty_wall_s if self.faulty_wall_s else 0.0
 
 
 def analyse_faults(run: JobRun, workdir: Path, reference: Path) -> list[FaultReport]:

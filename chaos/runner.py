@@ -13,39 +13,21 @@ function. It returns what was injected.
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
-
+from chaos.erl_cli import erl, job_status
 from chaos.faults import Injection, NoTarget, inject
 from chaos.scenario import Fault
-from chaos.topology import REPO, Topology
-from elastic_rl.config import load_spec
+from chaos.topology import Topology
+from elastic_rl.spec.loading import load_spec
 
 Moment = int | float | Callable[[Path], bool]
 """A rollout count, or a predicate of the work dir (e.g. "a replica has healed")."""
 Action = Fault | Callable[[], None]
 TARGET_WAIT_S = 60.0
-
-
-def erl(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "elastic_rl.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        check=check,
-    )
-
-
-def job_status(endpoint: str, job: str) -> dict:
-    return orjson.loads(erl("status", job, "-o", "json", "--etcd", endpoint, check=True).stdout)
 
 
 @dataclass

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from elastic_rl.config import read_spec_file
 from elastic_rl.errors import SpecError
+from elastic_rl.spec.loading import read_spec_file
 
 
 class FaultKind(Enum):

@@ -41,7 +41,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from checkpoints.layout import snapshot_path
 from checkpoints.manifest import verify, write_manifest
 from checkpoints.safe_reader import SafeFileSystemReader
-from elastic_rl.model.megatron_state import GATED_FC1_SUFFIX
+from elastic_rl.architecture import GATED_FC1_SUFFIX
 
 log = logging.getLogger("checkpoints.snapshot")
 

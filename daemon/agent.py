@@ -41,11 +41,11 @@ from daemon.plan import Endpoints, ProcSpec, Role, command, device_env, proc_spe
 from daemon.proctable import LocalProc, ProcessTable, ProcState
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
-from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.errors import EngineError
 from elastic_rl.events import EventLog
 from elastic_rl.net import url
+from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots, mark_failed

@@ -33,9 +33,9 @@ from typing import Any
 
 from daemon.plan import SERVICES, engine_group, group_procs, job_groups, proc_spec
 from elastic_rl import jobenv
-from elastic_rl.config import JobSpec
 from elastic_rl.events import EventLog
 from elastic_rl.net import free_port
+from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots, used_slots

@@ -47,10 +47,10 @@ from daemon.metrics import MetricsServer
 from daemon.notify import SystemdNotifier, child_environment
 from daemon.proctable import ProcessTable, ProcState
 from elastic_rl.atomic import write_file_atomic
-from elastic_rl.config import JobSpec
 from elastic_rl.errors import InputError
 from elastic_rl.events import EventLog
 from elastic_rl.net import LOOPBACK
+from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import LeaseExpired, Store, StoreUnavailable
 from elastic_rl.store.devices import all_assignments, failed_slots, ledger, live_nodes

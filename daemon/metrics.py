@@ -8,13 +8,17 @@ at scrape time: process states and restarts of the processes this node runs,
 engine health, and for every job its quorum size, rollouts committed, step and
 rollout time and snapshot age; the state of this node's device slots; whether
 this erld leads. ``/healthz`` answers 200 while the node lease is fresh.
+
+The server reads the erld that runs it through ``ServedNode``, the few
+attributes it needs (erld passes itself), and is handed each cluster read by
+``MetricsServer.observe``.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -25,15 +29,26 @@ from checkpoints.discovery import newest_committed_snapshot
 
 if TYPE_CHECKING:
     from daemon.controller import Cluster
-    from daemon.erld import Erld
+    from daemon.proctable import ProcessTable
 
 PROC_STATES = ("waiting", "running", "restarting", "displaced", "exited", "stopped", "failed")
+
+
+class ServedNode(Protocol):
+    """What the endpoints read of the erld they serve: its node, whether it leads, the processes it
+    runs, and whether its node lease may have run out."""
+
+    node: str
+    leading: bool
+    table: ProcessTable
+
+    def lease_may_have_expired(self) -> bool: ...
 
 
 class ClusterCollector:
     """Builds every metric from the last cluster read, so a gone process or job leaves no stale series."""
 
-    def __init__(self, erld: Erld):
+    def __init__(self, erld: ServedNode):
         self.erld = erld
         self.cluster: Cluster | None = None
 
@@ -107,7 +122,7 @@ def newest_committed_snapshot_age(workdir: str | None) -> float | None:
 
 
 class MetricsServer:
-    def __init__(self, erld: Erld, host: str, port: int | None):
+    def __init__(self, erld: ServedNode, host: str, port: int | None):
         self.erld, self.host, self.port = erld, host, port
         self.collector = ClusterCollector(erld)
         self.registry = CollectorRegistry()

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from checkpoints import layout
 from elastic_rl import jobenv
-from elastic_rl.config import JobSpec
 from elastic_rl.engines.launcher import engine_command, engine_env
 from elastic_rl.engines.router import router_command
 from elastic_rl.net import url
+from elastic_rl.spec.job import JobSpec
 from elastic_rl.store.devices import assignment_slots
 from policies.devices import DeviceKind, NcclSettings, ProcessDevice, nccl_settings, process_device
 from policies.placement import Group, GroupKind

@@ -25,9 +25,10 @@ import psutil
 
 from checkpoints import layout
 from elastic_rl import jobs
-from elastic_rl.config import JobSpec, dump_spec, load_spec
 from elastic_rl.errors import ElasticRLError, InputError, SpecError
 from elastic_rl.net import LOOPBACK
+from elastic_rl.spec.job import JobSpec
+from elastic_rl.spec.loading import dump_spec, load_spec
 from elastic_rl.store.client import DEFAULT_ENDPOINT, Store, StoreUnavailable
 from elastic_rl.store.devices import reset_device
 

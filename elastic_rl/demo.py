@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from checkpoints import layout
-from elastic_rl.config import JobSpec, load_spec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.launcher import start_engine
 from elastic_rl.engines.router import RouterClient, router_command
@@ -28,6 +27,8 @@ from elastic_rl.errors import ElasticRLError
 from elastic_rl.model.export import export_initial_checkpoint
 from elastic_rl.model.tokenizer import load_tokenizer
 from elastic_rl.net import free_port, url
+from elastic_rl.spec.job import JobSpec
+from elastic_rl.spec.loading import load_spec
 
 PROMPTS = ["copy: abc =", "copy: hello =", "copy: 2024 ="]
 

@@ -17,7 +17,7 @@ import orjson
 
 from checkpoints.layout import spec_path
 from elastic_rl.atomic import write_file_atomic
-from elastic_rl.config import JobSpec
+from elastic_rl.spec.job import JobSpec
 
 JOB = "ERL_JOB"
 PROC = "ERL_PROC"

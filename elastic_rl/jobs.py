@@ -9,8 +9,9 @@ from typing import Any
 from checkpoints.discovery import newest_committed_snapshot
 from checkpoints.layout import committed_rollouts, version_after
 from checkpoints.rewind import rewind
-from elastic_rl.config import EnginesSpec, JobSpec
 from elastic_rl.errors import ElasticRLError, InputError
+from elastic_rl.spec.engines import EnginesSpec
+from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
 from elastic_rl.store.devices import (

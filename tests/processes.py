@@ -13,11 +13,11 @@ from pathlib import Path
 
 from daemon.gpus import node_gpus
 from daemon.plan import device_env
-from elastic_rl.config import EnginesSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.launcher import start_engine
 from elastic_rl.engines.router import RouterClient, router_command
 from elastic_rl.net import LOOPBACK, free_port, url
+from elastic_rl.spec.engines import EnginesSpec
 from policies.devices import DeviceKind, ProcessDevice
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from elastic_rl.algo.choices import AdvantageEstimator
+from elastic_rl.spec.algorithm import AdvantageEstimator
 
 EPSILON = 1e-6
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from elastic_rl.algo.choices import LossAggregation
+from elastic_rl.spec.algorithm import LossAggregation
 
 
 def clipped_surrogate(

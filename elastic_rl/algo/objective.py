@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from elastic_rl.algo.choices import AdvantageEstimator, AlgorithmKind
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import gspo_clipped_loss, policy_token_loss, ppo_clipped_loss, tis_weights
-from elastic_rl.config import AlgorithmSpec
+from elastic_rl.spec.algorithm import AdvantageEstimator, AlgorithmKind, AlgorithmSpec
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from elastic_rl import jobenv
-from elastic_rl.config import EnginesSpec
+from elastic_rl.spec.engines import EnginesSpec
 
 
 def engine_command(

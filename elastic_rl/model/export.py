@@ -21,12 +21,13 @@ from pathlib import Path
 
 import torch
 
-from elastic_rl.config import JobSpec, load_spec
 from elastic_rl.errors import SpecError
 from elastic_rl.model.convert.hf_import import stored_as_float32
 from elastic_rl.model.gpt import destroy_model_parallel, init_model_parallel
 from elastic_rl.model.megatron_state import full_state_dict
 from elastic_rl.model.source import ModelSource
+from elastic_rl.spec.job import JobSpec
+from elastic_rl.spec.loading import load_spec
 
 
 def export_initial_checkpoint(spec: JobSpec, directory: Path) -> int:

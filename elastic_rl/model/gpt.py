@@ -32,10 +32,10 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
 from torch.distributed import TCPStore
 
+from elastic_rl.architecture import Architecture
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.device import activate, assigned
 from elastic_rl.jobenv import RENDEZVOUS
-from elastic_rl.model.architecture import Architecture
 from elastic_rl.model.cpu_shim import apply_cpu_shim
 from policies.devices import DeviceKind, Precision, ProcessDevice
 

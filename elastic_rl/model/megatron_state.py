@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from megatron.core import parallel_state
 
-GATED_FC1_SUFFIX = "mlp.linear_fc1.weight"
+from elastic_rl.architecture import GATED_FC1_SUFFIX
 
 
 def _gather(shard: torch.Tensor, dim: int) -> list[torch.Tensor]:

@@ -21,10 +21,9 @@ from megatron.core import parallel_state
 from safetensors import safe_open
 from transformers import PreTrainedTokenizerBase
 
+from elastic_rl.architecture import Architecture, from_hf_config
 from elastic_rl.atomic import atomic_directory
-from elastic_rl.config import ModelSpec
 from elastic_rl.device import assigned
-from elastic_rl.model.architecture import Architecture, from_hf_config, from_toy_spec
 from elastic_rl.model.convert.hf_export import (
     CheckpointFiles,
     PretrainedFiles,
@@ -35,9 +34,28 @@ from elastic_rl.model.convert.hf_export import (
 from elastic_rl.model.convert.hf_import import import_hf_weights
 from elastic_rl.model.gpt import build_gpt
 from elastic_rl.model.tokenizer import load_tokenizer, padded_vocab_size
+from elastic_rl.spec.model import ModelSpec
 from policies.devices import Precision
 
 INITIAL_REFERENCE = "initial"
+
+
+def from_toy_spec(spec: ModelSpec, vocab_size: int) -> Architecture:
+    """The from-scratch Llama model of a spec without ``hf_checkpoint`` (the tiny demo's)."""
+    return Architecture(
+        family="llama",
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        num_layers=spec.num_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_query_groups,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_theta=spec.rope_theta,
+        norm_epsilon=spec.norm_epsilon,
+        init_method_std=spec.init_method_std,
+    )
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from elastic_rl.config import DataSpec
 from elastic_rl.errors import SpecError
 from elastic_rl.rollout.tasks import arithmetic, toy_copy
+from elastic_rl.spec.data import DataSpec
 
 Chat = tuple[tuple[str, str], ...]
 """A conversation: each message's (role, content), in order."""

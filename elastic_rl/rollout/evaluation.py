@@ -17,11 +17,12 @@ import asyncio
 import time
 from typing import Any
 
-from elastic_rl.config import EvalDataset, JobSpec
 from elastic_rl.rollout.data import Prompt, jsonl_lines
 from elastic_rl.rollout.generation import GroupGenerator, derived_seed, stop_params
 from elastic_rl.rollout.prompts import render
 from elastic_rl.rollout.scoring import Scored, Scorer
+from elastic_rl.spec.eval import EvalDataset
+from elastic_rl.spec.job import JobSpec
 
 
 class Evaluator:

@@ -27,12 +27,13 @@ from typing import Any
 
 import orjson
 
-from elastic_rl.config import JobSpec, RolloutSpec
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import EngineError, EngineRejected, GaveUp
 from elastic_rl.plugins import load_function
 from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
+from elastic_rl.spec.job import JobSpec
+from elastic_rl.spec.rollout import RolloutSpec
 from policies.dynamic_sampling import ConsecutiveFailures
 
 log = logging.getLogger("elastic_rl.generation")

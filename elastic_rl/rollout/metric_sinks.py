@@ -11,7 +11,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Protocol
 
-from elastic_rl.config import JobSpec
+from elastic_rl.spec.job import JobSpec
 
 NOT_SCALARS = ("rollout", "time")
 

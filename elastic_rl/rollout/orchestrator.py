@@ -35,20 +35,20 @@ import torch
 from checkpoints import layout
 from checkpoints.rollout_log import RolloutBatch, read_rollout, write_rollout
 from elastic_rl import jobenv
-from elastic_rl.algo.choices import AlgorithmKind
 from elastic_rl.atomic import write_file_atomic
-from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
+from elastic_rl.progress import ProgressReporter
 from elastic_rl.rollout.evaluation import Evaluator
 from elastic_rl.rollout.generation import Serving
 from elastic_rl.rollout.groups import samples_record, to_batch
 from elastic_rl.rollout.metric_sinks import metric_sinks
-from elastic_rl.rollout.progress import ProgressReporter
 from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GroupSampler
+from elastic_rl.spec.algorithm import AlgorithmKind
+from elastic_rl.spec.job import JobSpec
 from policies.exits import EXIT_GAVE_UP
 
 log = logging.getLogger("elastic_rl.orchestrator")

@@ -22,11 +22,12 @@ from transformers import PreTrainedTokenizerBase
 
 from checkpoints import layout
 from checkpoints.rollout_log import batch_rows
-from elastic_rl.algo.choices import AlgorithmKind
-from elastic_rl.config import DataSpec, JobSpec
 from elastic_rl.errors import SpecError
 from elastic_rl.model.tokenizer import load_tokenizer
 from elastic_rl.rollout.data import ASSISTANT, MAX_REPORTED_LINES, Chat, Prompt, jsonl_lines
+from elastic_rl.spec.algorithm import AlgorithmKind
+from elastic_rl.spec.data import DataSpec
+from elastic_rl.spec.job import JobSpec
 
 Messages = list[dict[str, str]]
 

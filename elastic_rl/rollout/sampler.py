@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from elastic_rl.algo.choices import AlgorithmKind
-from elastic_rl.config import JobSpec
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import GaveUp
 from elastic_rl.plugins import load_function
@@ -40,6 +38,8 @@ from elastic_rl.rollout.generation import GroupGenerator, Work
 from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, fifo
 from elastic_rl.rollout.prompts import SupervisedExample, render, render_example
 from elastic_rl.rollout.scoring import Scorer
+from elastic_rl.spec.algorithm import AlgorithmKind
+from elastic_rl.spec.job import JobSpec
 from policies.dynamic_sampling import ConsecutiveFailures, zero_std
 
 ABORT_REPEAT_S = 0.1

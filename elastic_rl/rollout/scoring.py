@@ -17,11 +17,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_rl.config import RolloutSpec
 from elastic_rl.plugins import load_function
 from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.groups import Sample
 from elastic_rl.rollout.rewards import load_reward
+from elastic_rl.spec.rollout import RolloutSpec
 
 
 @dataclass

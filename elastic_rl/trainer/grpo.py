@@ -23,12 +23,12 @@ import torch
 
 from checkpoints.rollout_log import RolloutBatch
 from elastic_rl.algo.advantages import token_advantages
-from elastic_rl.algo.choices import AlgorithmKind
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
-from elastic_rl.config import JobSpec
 from elastic_rl.model.sequence_log_probs import sequence_log_probs
+from elastic_rl.spec.algorithm import AlgorithmKind
+from elastic_rl.spec.job import JobSpec
 from elastic_rl.trainer.grad_norm import grad_norm
 from elastic_rl.trainer.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from elastic_rl.config import JobSpec
+from elastic_rl.spec.job import JobSpec
 
 
 def lr_lambda(spec: JobSpec, total_steps: int) -> Callable[[int], float]:

@@ -20,7 +20,7 @@ from typing import NoReturn
 
 from elastic_rl import jobenv
 from elastic_rl.errors import SpecError, WrongDevice
-from elastic_rl.rollout.progress import ProgressReporter
+from elastic_rl.progress import ProgressReporter
 from elastic_rl.store.client import StoreUnavailable
 from elastic_rl.trainer.replica import StopRequest, TrainerReplica
 from policies.exits import EXIT_GAVE_UP

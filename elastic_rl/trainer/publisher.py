@@ -21,10 +21,10 @@ import torch
 from checkpoints import layout
 from checkpoints.retention import prune_weights
 from elastic_rl.atomic import write_file_atomic
-from elastic_rl.config import JobSpec
 from elastic_rl.events import emit_event
 from elastic_rl.model.megatron_state import full_state_dict
 from elastic_rl.model.source import ModelSource
+from elastic_rl.spec.job import JobSpec
 from elastic_rl.trainer.weight_broadcast import WeightBroadcaster
 
 log = logging.getLogger("elastic_rl.trainer")

@@ -37,10 +37,10 @@ from datetime import timedelta
 
 import torch
 
-from elastic_rl.config import JobSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.net import free_port
+from elastic_rl.spec.job import JobSpec
 from policies.exits import EXIT_SYNC_HUNG
 
 log = logging.getLogger("elastic_rl.trainer")

@@ -12,10 +12,10 @@ import pytest
 
 from daemon.gpus import node_gpus
 from daemon.plan import device_env
-from elastic_rl.config import EnginesSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.launcher import start_engine
 from elastic_rl.net import free_port, url
+from elastic_rl.spec.engines import EnginesSpec
 from policies.devices import DeviceKind, ProcessDevice
 from tests.gpu.conftest import require_gpus, require_sglang, require_smollm2
 from tests.processes import REPO, SMOLLM2

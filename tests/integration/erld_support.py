@@ -13,11 +13,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from chaos.runner import erl, job_status
+from chaos.erl_cli import erl, job_status
 from chaos.runner import run_job as chaos_run_job
 from chaos.scenario import Fault, FaultKind
 from chaos.topology import Topology
-from elastic_rl.config import load_spec
+from elastic_rl.spec.loading import load_spec
 from tests.processes import SPEC
 
 STOP_AND_RESUME = "erl stop + erl resume"

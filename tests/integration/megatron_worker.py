@@ -17,11 +17,11 @@ from pathlib import Path
 import orjson
 import torch
 
-from elastic_rl.config import ModelSpec
 from elastic_rl.model.gpt import destroy_model_parallel, forward_gpt, init_model_parallel
 from elastic_rl.model.megatron_state import full_state_dict
 from elastic_rl.model.source import ModelSource
 from elastic_rl.model.vocab_parallel import entropy, gather_logits, token_log_probs
+from elastic_rl.spec.model import ModelSpec
 
 SPEC = ModelSpec(hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96)
 TRAIN_STEPS = 25

@@ -17,9 +17,9 @@ import orjson
 import torch
 
 from checkpoints.rollout_log import RolloutBatch, response_mask
-from elastic_rl.config import load_spec
 from elastic_rl.model.gpt import destroy_model_parallel, init_model_parallel
 from elastic_rl.model.source import ModelSource
+from elastic_rl.spec.loading import load_spec
 from elastic_rl.trainer.grpo import GrpoTrainer
 from tests.processes import SPEC
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from elastic_rl.config import ModelSpec
 from elastic_rl.model.gpt import destroy_model_parallel, forward_gpt, init_model_parallel
 from elastic_rl.model.megatron_state import full_state_dict
 from elastic_rl.model.source import ModelSource
 from elastic_rl.model.vocab_parallel import gather_logits
+from elastic_rl.spec.model import ModelSpec
 
 
 def main() -> None:

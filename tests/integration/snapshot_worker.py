@@ -24,11 +24,11 @@ import torch
 from checkpoints.discovery import newest_valid_snapshot
 from checkpoints.layout import snapshot_path
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
-from elastic_rl.config import ModelSpec
-from elastic_rl.model.architecture import from_toy_spec
 from elastic_rl.model.gpt import build_gpt, destroy_model_parallel, forward_gpt, init_model_parallel
 from elastic_rl.model.megatron_state import full_state_dict
+from elastic_rl.model.source import from_toy_spec
 from elastic_rl.model.vocab_parallel import token_log_probs
+from elastic_rl.spec.model import ModelSpec
 
 SPEC = ModelSpec(hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96)
 

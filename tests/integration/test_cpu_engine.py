@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from elastic_rl.config import EnginesSpec
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.launcher import engine_command
 from elastic_rl.net import free_port
+from elastic_rl.spec.engines import EnginesSpec
 from tests.processes import SMOLLM2, Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from elastic_rl.algo.advantages import returns_to_go, token_advantages, whiten
-from elastic_rl.algo.choices import AdvantageEstimator, LossAggregation
 from elastic_rl.algo.losses import aggregate, gspo_clipped_loss, policy_token_loss, sequence_ratio, tis_weights
 from elastic_rl.algo.objective import token_losses
-from elastic_rl.config import AlgorithmSpec
+from elastic_rl.spec.algorithm import AdvantageEstimator, AlgorithmSpec, LossAggregation
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

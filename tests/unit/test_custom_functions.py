@@ -10,7 +10,6 @@ import asyncio
 
 import pytest
 
-from elastic_rl.config import validate_spec
 from elastic_rl.errors import GaveUp, SpecError
 from elastic_rl.model.tokenizer import load_tokenizer
 from elastic_rl.rollout.data import Prompt
@@ -18,6 +17,7 @@ from elastic_rl.rollout.generation import Generated
 from elastic_rl.rollout.groups import Sample, SampleStatus, Segment, to_batch
 from elastic_rl.rollout.sampler import DropReason, GroupSampler
 from elastic_rl.rollout.scoring import RewardInput, Scorer
+from elastic_rl.spec.loading import validate_spec
 from tests.unit.test_dynamic_sampling import FakeRouter
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]

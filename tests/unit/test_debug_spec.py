@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from daemon.plan import job_groups
-from elastic_rl.config import validate_spec
 from elastic_rl.errors import SpecError
+from elastic_rl.spec.loading import validate_spec
 from policies.placement import GroupKind
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

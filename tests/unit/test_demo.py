@@ -7,7 +7,7 @@ import pytest
 
 from checkpoints import layout
 from elastic_rl import demo
-from elastic_rl.config import validate_spec
+from elastic_rl.spec.loading import validate_spec
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

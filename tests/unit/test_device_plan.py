@@ -9,8 +9,8 @@ from daemon.controller import Controller
 from daemon.gpus import slots_for
 from daemon.plan import Endpoints, job_groups, proc_spec, process_env
 from elastic_rl import jobenv
-from elastic_rl.config import validate_spec
 from elastic_rl.errors import InputError
+from elastic_rl.spec.loading import validate_spec
 from elastic_rl.store.devices import assignment_slots, used_slots
 from policies.devices import DeviceKind
 from policies.placement import GroupKind

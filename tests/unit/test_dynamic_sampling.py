@@ -11,7 +11,6 @@ import re
 
 import pytest
 
-from elastic_rl.config import validate_spec
 from elastic_rl.errors import EngineError, GaveUp, SpecError
 from elastic_rl.model.tokenizer import load_tokenizer
 from elastic_rl.rollout import generation
@@ -20,6 +19,7 @@ from elastic_rl.rollout.evaluation import Evaluator
 from elastic_rl.rollout.generation import Serving
 from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, SampleStatus, Segment, samples_record, to_batch
 from elastic_rl.rollout.sampler import DropReason, GroupSampler
+from elastic_rl.spec.loading import validate_spec
 from policies.dynamic_sampling import ConsecutiveFailures, zero_std
 from policies.exits import EXIT_GAVE_UP, ExitAction, ExitFacts, decide_exit
 from policies.restart import RestartPolicy

@@ -9,12 +9,12 @@ import asyncio
 import orjson
 import pytest
 
-from elastic_rl.config import validate_spec
 from elastic_rl.errors import SpecError
 from elastic_rl.model.tokenizer import load_tokenizer
 from elastic_rl.rollout.evaluation import Evaluator
 from elastic_rl.rollout.generation import GroupGenerator
 from elastic_rl.rollout.scoring import Scorer
+from elastic_rl.spec.loading import validate_spec
 from tests.unit.test_dynamic_sampling import FakeRouter
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]

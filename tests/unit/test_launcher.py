@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from elastic_rl import jobenv
-from elastic_rl.config import EnginesSpec
 from elastic_rl.engines.launcher import engine_command, engine_env
+from elastic_rl.spec.engines import EnginesSpec
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

@@ -13,7 +13,6 @@ import re
 
 import pytest
 
-from elastic_rl.config import validate_spec
 from elastic_rl.engines import router as router_module
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import EngineError, GaveUp, SpecError
@@ -21,6 +20,7 @@ from elastic_rl.model.tokenizer import load_tokenizer
 from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
 from elastic_rl.rollout.sampler import GroupSampler
+from elastic_rl.spec.loading import validate_spec
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 

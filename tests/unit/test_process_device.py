@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from elastic_rl import device, jobenv
-from elastic_rl.config import ModelSpec
 from elastic_rl.errors import WrongDevice
-from elastic_rl.model.architecture import from_toy_spec
 from elastic_rl.model.gpt import transformer_config
+from elastic_rl.model.source import from_toy_spec
+from elastic_rl.spec.model import ModelSpec
 from policies.devices import DeviceKind, Precision, ProcessDevice
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_rl.config import DataSpec
 from elastic_rl.errors import SpecError
 from elastic_rl.plugins import load_function
 from elastic_rl.rollout.data import DataSource
 from elastic_rl.rollout.rewards import boxed_math, exact_match, f1, last_boxed, load_reward, math, toy_copy
 from elastic_rl.rollout.tasks import arithmetic
+from elastic_rl.spec.data import DataSpec
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -109,8 +109,8 @@ def test_bad_jsonl_line_is_named(tmp_path):
 
 
 def test_sft_data_without_a_response_is_named_before_the_run(tmp_path):
-    from elastic_rl.config import validate_spec
     from elastic_rl.rollout.prompts import check_data
+    from elastic_rl.spec.loading import validate_spec
 
     path = tmp_path / "pairs.jsonl"
     path.write_text('{"prompt": "a=", "label": "a"}\n{"prompt": "b="}\n')

@@ -13,11 +13,11 @@ import pytest
 from checkpoints import layout
 from checkpoints.rollout_log import batch_rows, read_rollout, write_rollout
 from elastic_rl.cli import main
-from elastic_rl.config import validate_spec
 from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
 from elastic_rl.jobenv import JobEnv
+from elastic_rl.progress import ProgressReporter
 from elastic_rl.rollout.orchestrator import Orchestrator
-from elastic_rl.rollout.progress import ProgressReporter
+from elastic_rl.spec.loading import validate_spec
 from tests.processes import SPEC
 from tests.unit.test_dynamic_sampling import FakeRouter, group
 

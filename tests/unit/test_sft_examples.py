@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-from elastic_rl.config import DataSpec, validate_spec
 from elastic_rl.errors import SpecError
 from elastic_rl.model.tokenizer import as_transformers, build_tokenizer
 from elastic_rl.rollout import prompts
 from elastic_rl.rollout.data import Prompt, jsonl_lines
 from elastic_rl.rollout.orchestrator import supervised_batch
 from elastic_rl.rollout.prompts import check_data, render_example
+from elastic_rl.spec.data import DataSpec
+from elastic_rl.spec.loading import validate_spec
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from elastic_rl import jobenv
-from elastic_rl.config import validate_spec
 from elastic_rl.errors import SpecError, WrongDevice
+from elastic_rl.spec.loading import validate_spec
 from elastic_rl.trainer import main as trainer_main
 from policies.exits import EXIT_GAVE_UP
 

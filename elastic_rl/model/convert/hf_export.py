@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, PreTrainedTokenizerBase
 
+from elastic_rl.architecture import CONFIG_FILE, Architecture
 from elastic_rl.atomic import atomic_directory
-from elastic_rl.model.architecture import CONFIG_FILE, Architecture
 from elastic_rl.model.convert.layout import fused_qkv, gated_fc1, one_to_one, query_groups
 from elastic_rl.model.tokenizer import save_tokenizer
 

@@ -17,7 +17,7 @@ import orjson
 import torch
 from safetensors import safe_open
 
-from elastic_rl.model.architecture import Architecture
+from elastic_rl.architecture import Architecture
 from elastic_rl.model.convert.layout import HF_OUTPUT, fused_qkv, gated_fc1, one_to_one, query_groups
 
 INDEX_FILE = "model.safetensors.index.json"

@@ -16,7 +16,7 @@ exporter both read these tables, so the two directions cannot drift apart.
 
 from __future__ import annotations
 
-from elastic_rl.model.architecture import Architecture
+from elastic_rl.architecture import Architecture
 
 EMBEDDING = "embedding.word_embeddings.weight"
 OUTPUT = "output_layer.weight"

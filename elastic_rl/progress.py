@@ -1,5 +1,7 @@
-"""The orchestrator's reports: the job's progress key in etcd, and its events (a trainer that gives up
-reports through it too).
+"""A job process's reports: the job's progress key in etcd, and its events.
+
+The orchestrator reports its rollouts through it; a trainer that gives up reports through it too,
+so it sits beside ``events`` rather than in either process's package.
 
 Outside erld (no etcd endpoint) progress goes nowhere and events only to the log.
 """

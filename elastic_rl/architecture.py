@@ -5,7 +5,7 @@ the family (which HF layout the weights come from and go back to), the sizes,
 and the few features the supported families differ by (q/k/v bias, q/k norm,
 tied embeddings, rope scaling). It reads config.json as plain JSON, without
 transformers or torch, so `erl validate` can reject an unsupported checkpoint
-in well under a second.
+in well under a second. It sits below the spec and the model, which both read it.
 
 Supported families: ``LlamaForCausalLM`` (tied embeddings and rope scaling of
 type linear or llama3 included), ``Qwen2ForCausalLM`` (q/k/v bias) and
@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from elastic_rl.errors import SpecError
 
-if TYPE_CHECKING:
-    from elastic_rl.config import ModelSpec
-
 CONFIG_FILE = "config.json"
+# The gated MLP's input projection: the one weight whose layout depends on tensor parallelism (each
+# rank holds [its gate rows; its up rows]; the full layout is [all gate; all up]).
+GATED_FC1_SUFFIX = "mlp.linear_fc1.weight"
 
 # HF class name -> family name; the families the importer and exporter know.
 FAMILIES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -158,22 +158,4 @@ def from_hf_config(folder: Path) -> Architecture:
         qk_norm=family == "qwen3",
         rope_scaling=scaling,
         init_method_std=float(config.get("initializer_range", 0.02)),
-    )
-
-
-def from_toy_spec(spec: ModelSpec, vocab_size: int) -> Architecture:
-    """The from-scratch Llama model of a spec without ``hf_checkpoint`` (the tiny demo's)."""
-    return Architecture(
-        family="llama",
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        num_layers=spec.num_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_query_groups=spec.num_query_groups,
-        head_dim=spec.hidden_size // spec.num_attention_heads,
-        ffn_hidden_size=spec.ffn_hidden_size,
-        max_position_embeddings=spec.max_position_embeddings,
-        rope_theta=spec.rope_theta,
-        norm_epsilon=spec.norm_epsilon,
-        init_method_std=spec.init_method_std,
     )

@@ -1,0 +1,97 @@
+"""The ``algorithm`` section: the objective (RL or SFT) and its named choices.
+
+The choices are plain enums, free of torch, so the CLI stays quick; ``elastic_rl.algo`` implements them."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, ValidationInfo, field_validator, model_validator
+
+from elastic_rl.spec.base import Component, existing_checkpoint
+
+
+class AlgorithmKind(str, Enum):
+    RL = "rl"
+    """Policy-gradient RL on the engines' samples and their rewards."""
+    SFT = "sft"
+    """Supervised fine-tuning: the data's (prompt, response) pairs or chats, the loss on the assistant's tokens."""
+
+
+class AdvantageEstimator(str, Enum):
+    GRPO = "grpo"
+    """Each reward against its group's mean and standard deviation; PPO's per-token ratio."""
+    GSPO = "gspo"
+    """GRPO's advantages with a sequence-level importance ratio, clipped per sequence."""
+    REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
+    """Returns (reward plus any per-token KL penalty ahead) whitened over the rollout batch."""
+    REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
+    """REINFORCE++ on rewards minus their group's mean."""
+
+
+class LossAggregation(str, Enum):
+    TOKEN_MEAN = "token_mean"
+    """Every response token of the global batch weighs the same."""
+    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
+    """Each sequence's token mean, averaged over the global batch's sequences."""
+    SEQ_MEAN_TOKEN_SUM = "seq_mean_token_sum"
+    """Each sequence's token sum, averaged over the global batch's sequences."""
+
+
+class AlgorithmSpec(Component):
+    """The objective: RL (an advantage estimator, asymmetric PPO clipping, optional TIS, KL and
+    entropy terms) or SFT."""
+
+    kind: AlgorithmKind = AlgorithmKind.RL
+    """`rl`, or `sft`: train on the data's (prompt, response) pairs (the response from
+    `data.label_key`) or chats (`data.messages_key`), the loss on the assistant's tokens only,
+    aggregated by loss_aggregation; the estimator, clipping, TIS, KL and entropy fields are unused."""
+    advantage_estimator: AdvantageEstimator = AdvantageEstimator.GRPO
+    """`grpo`, `gspo` (GRPO's advantages, a sequence-level ratio clipped per sequence),
+    `reinforce_plus_plus` (returns whitened over the rollout batch) or
+    `reinforce_plus_plus_baseline` (the same on rewards minus their group's mean)."""
+    loss_aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
+    """How per-token losses become the step's loss: `token_mean` over the global batch's tokens,
+    or `seq_mean_token_mean` / `seq_mean_token_sum` over its sequences."""
+    tis_cap: PositiveFloat | None = None
+    """Truncated importance sampling: weight each token's policy loss by the trainer's over the
+    engine's probability of it, capped at this; unset turns TIS off."""
+    eps_clip: PositiveFloat = 0.2
+    """Lower PPO clip: the ratio is kept above 1 - eps_clip."""
+    eps_clip_high: PositiveFloat = 0.28
+    """Upper PPO clip: the ratio is kept below 1 + eps_clip_high."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the KL penalty to the reference model; 0 disables the reference."""
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    """Estimator of KL(policy || reference)."""
+    kl_in_reward: bool = False
+    """Subtract the KL penalty from the reward (per token for REINFORCE++, per sequence otherwise)
+    instead of adding it to the loss; needs kl_coef > 0."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """Weight of the entropy bonus (entropy is always logged)."""
+    normalize_advantages_by_std: bool = True
+    """Divide group-centred rewards by the group's standard deviation."""
+    reference: str = "initial"
+    """The KL reference policy: `initial` (the policy's starting weights) or the path of an HF
+    checkpoint of the same architecture."""
+
+    @model_validator(mode="after")
+    def _sft_has_no_reference(self) -> AlgorithmSpec:
+        if self.kind is AlgorithmKind.SFT and self.kl_coef > 0:
+            raise ValueError("kind sft trains on the data alone: set kl_coef to 0 (SFT has no reference policy)")
+        return self
+
+    @model_validator(mode="after")
+    def _kl_in_reward_needs_a_coefficient(self) -> AlgorithmSpec:
+        if self.kl_in_reward and self.kl_coef == 0:
+            raise ValueError("kl_in_reward needs kl_coef > 0 (with kl_coef 0 there is no KL to subtract)")
+        return self
+
+    @field_validator("reference")
+    @classmethod
+    def _reference_checkpoint(cls, value: str, info: ValidationInfo) -> str:
+        if value == "initial":
+            return value
+        return str(existing_checkpoint(Path(value), info))

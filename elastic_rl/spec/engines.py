@@ -1,0 +1,92 @@
+"""The ``engines`` section: the inference engines behind the router, and how they are health-checked."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
+
+from elastic_rl.spec.base import Component
+
+CPU_ENGINE_STARTUP_S = 300.0
+SGLANG_DEFAULTS = {"startup_timeout_s": 1800.0, "health_timeout_s": 10.0, "health_failure_threshold": 30}
+"""What kind sglang changes of the engines' defaults: SGLang loads weights, captures CUDA graphs and
+warms up before /health first answers, and its health generations wait while it loads new weights
+(its /health, started without generation, still answers then): 30 failed generations of 10 s give a
+weight load about 300 s, as long as a distributed weight sync may take."""
+
+
+class EnginesSpec(Component):
+    """The inference engines behind the router."""
+
+    kind: Literal["cpu", "sglang"] = "cpu"
+    """cpu: elastic-rl's own server on a transformers model. sglang: SGLang's server (GPU)."""
+    count: PositiveInt = 2
+    """Number of engines."""
+    tp_size: PositiveInt = 1
+    """Tensor parallelism inside one SGLang engine: it takes this many GPU slots of one node. A cpu
+    engine takes one slot."""
+    mem_fraction_static: float = Field(0.8, gt=0.0, le=1.0)
+    """Fraction of GPU memory SGLang reserves for weights and KV cache."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """What SGLang computes in (its --dtype): the trainer exports float32 weights, which SGLang casts
+    as it loads them (left to itself it would pick float16 for a float32 checkpoint). The cpu engine
+    computes in float32."""
+    extra_args: list[str] = []
+    """Further SGLang server arguments passed through as written (fp8, DeepEP, speculative decoding)."""
+    startup_timeout_s: PositiveFloat = CPU_ENGINE_STARTUP_S
+    """How long an engine may take to answer /health after it starts; one still silent then is
+    replaced. Default 300 s for cpu engines, 1800 s for sglang: SGLang loads the weights, captures
+    its CUDA graphs and warms up before /health answers, and an engine killed while still
+    capturing never starts."""
+    health_interval_s: PositiveFloat = 1.0
+    """Interval between /health_generate checks."""
+    health_timeout_s: PositiveFloat = 3.0
+    """Timeout of one health check; an engine that answers nothing within it (hung, e.g.
+    SIGSTOPped) is unhealthy at once. Default 3 s for cpu engines, 10 s for sglang."""
+    health_failure_threshold: PositiveInt = 3
+    """Consecutive failed or late health generations, while the server still answers, that make
+    an engine unhealthy (a busy engine's health generation queues behind real requests, and an
+    engine's waits while it loads weights). Default 3 for cpu engines; 30 for sglang, so an
+    engine loading weights for up to about 30 x health_timeout_s (300 s) is not replaced."""
+    weight_sync: Literal["disk", "distributed"] = "disk"
+    """How engines get each new weight version. disk: they load weights/<version>, which the
+    trainer writes. distributed (SGLang engines in sync mode): first the trainer's rank 0 broadcasts
+    the weights into every engine over NCCL (update_weights_from_distributed), the fast path when
+    engines and trainers share a node; the version is still written to disk, and an engine the
+    broadcast missed loads it from there. Built but never yet run on a GPU (docs/gpu.md)."""
+    weight_sync_timeout_s: PositiveFloat = 300.0
+    """A distributed weight sync not done within this is aborted by a watchdog (never left to
+    NCCL's 30-minute default); the engines then load that version from disk."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_of_the_kind(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "sglang":
+            return {**SGLANG_DEFAULTS, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _cpu_engine_on_one_slot(self) -> EnginesSpec:
+        if self.kind == "cpu" and self.tp_size != 1:
+            raise ValueError(
+                f"tp_size ({self.tp_size}) is SGLang's tensor parallelism; a cpu engine runs on one slot: "
+                "remove tp_size or set kind: sglang"
+            )
+        return self
+
+    @property
+    def slots(self) -> int:
+        """Device slots one engine takes."""
+        return self.tp_size
+
+    @field_validator("kind")
+    @classmethod
+    def _sglang_installed(cls, value: str) -> str:
+        if value == "sglang" and importlib.util.find_spec("sglang") is None:
+            raise ValueError(
+                "engines.kind is sglang but SGLang is not installed here; install it on a GPU "
+                "machine with `pip install 'elastic-rl[sglang]'`, or use kind: cpu"
+            )
+        return value

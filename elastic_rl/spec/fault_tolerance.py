@@ -1,0 +1,42 @@
+"""The ``fault_tolerance`` section: quorum and collective timeouts, restart budgets, warm spares, the NaN response."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt
+
+from elastic_rl.spec.base import Component
+
+
+class FaultToleranceSpec(Component):
+    """How the job survives failures."""
+
+    heartbeat_timeout_ms: PositiveInt = 1000
+    """Lighthouse: a replica silent this long leaves the quorum (the survivors' stall)."""
+    join_timeout_ms: PositiveInt = 100
+    """Lighthouse: how long a forming quorum waits for healthy replicas that have not asked to join."""
+    quorum_timeout_s: PositiveFloat = 60.0
+    """torchft: how long a replica waits for a quorum."""
+    collective_timeout_s: PositiveFloat = 60.0
+    """torchft: timeout of a cross-replica all-reduce, a commit vote and a heal from a peer."""
+    model_parallel_timeout_s: PositiveFloat = 300.0
+    """Timeout of every collective inside one replica (tensor-parallel all-reduces and gathers, the
+    snapshot group's coordination) and of its ranks' rendezvous: a rank waiting longer fails, and
+    erld restarts its replica."""
+    gpu_process_group: Literal["nccl", "baby_nccl"] = "nccl"
+    """torchft's cross-replica group on GPU slots (gloo on CPU slots): nccl (torchft's
+    ProcessGroupNCCL, which aborts a stuck communicator and recovers in process) or baby_nccl
+    (ProcessGroupBabyNCCL: NCCL in a child process, so a dead peer cannot take the trainer down;
+    it costs about 1 GB of GPU memory for the child's CUDA context, and communication no longer
+    overlaps compute)."""
+    max_restarts: int = Field(5, ge=0)
+    """Restarts of one process allowed within restart_window_s before the job fails."""
+    restart_window_s: PositiveFloat = 600.0
+    """Window over which restarts are counted."""
+    warm_spares: int = Field(0, ge=0)
+    """Spare trainer processes kept with the model built, ready to replace a replica."""
+    stop_grace_s: PositiveFloat = 30.0
+    """How long `erl stop` waits for processes to exit (trainers finish the rollout in hand and snapshot)."""
+    max_consecutive_nan_skips: PositiveInt = 3
+    """Non-finite steps skipped in a row before rolling back to the newest snapshot."""

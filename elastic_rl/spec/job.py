@@ -1,0 +1,194 @@
+"""``JobSpec``: a whole job, the composition of every section, and the checks that cross sections.
+
+Each section validates itself in its own module; what is left here are the rules that join two or
+more sections, each validator naming the sections it joins. They run in the order written, and the
+first that fails is the one reported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from elastic_rl.architecture import from_hf_config
+from elastic_rl.spec.algorithm import AlgorithmKind, AlgorithmSpec
+from elastic_rl.spec.base import Component
+from elastic_rl.spec.checkpoints import CheckpointSpec
+from elastic_rl.spec.data import DataSpec
+from elastic_rl.spec.debug import DebugSpec
+from elastic_rl.spec.engines import EnginesSpec
+from elastic_rl.spec.eval import EvalSpec
+from elastic_rl.spec.fault_tolerance import FaultToleranceSpec
+from elastic_rl.spec.metrics import MetricsSpec
+from elastic_rl.spec.model import ModelSpec
+from elastic_rl.spec.rollout import RolloutSpec
+from elastic_rl.spec.trainer import TrainerSpec
+
+
+class JobSpec(Component):
+    """A whole job: the composition of every component."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    """Job name: lower-case letters, digits and dashes."""
+    seed: int = Field(1234, ge=0)
+    """Seed of everything random in the job."""
+    workdir: Path | None = None
+    """Where snapshots, the rollout log, weights and logs go; default ./runs/<name>."""
+    model: ModelSpec = ModelSpec()
+    data: DataSpec = DataSpec()
+    rollout: RolloutSpec = RolloutSpec()
+    engines: EnginesSpec = EnginesSpec()
+    trainer: TrainerSpec = TrainerSpec()
+    algorithm: AlgorithmSpec = AlgorithmSpec()
+    checkpoints: CheckpointSpec = CheckpointSpec()
+    fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
+    metrics: MetricsSpec = MetricsSpec()
+    eval: EvalSpec = EvalSpec()
+    debug: DebugSpec = DebugSpec()
+
+    @model_validator(mode="after")
+    def _sft_samples_each_pair_once(self) -> JobSpec:
+        """Joins algorithm and rollout."""
+        if self.algorithm.kind is AlgorithmKind.SFT and self.rollout.n_samples_per_prompt != 1:
+            raise ValueError(
+                "algorithm.kind sft trains each (prompt, response) pair once: set rollout.n_samples_per_prompt to 1"
+            )
+        if self.algorithm.kind is AlgorithmKind.SFT and self.rollout.buffers_groups:
+            raise ValueError(
+                "algorithm.kind sft generates nothing to filter or buffer: remove rollout.dynamic_filter, "
+                "rollout.over_sampling_batch_size and rollout.partial_rollout"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _toy_answer_fits(self) -> JobSpec:
+        """Joins data, rollout and algorithm."""
+        data, limit = self.data, self.rollout.max_new_tokens
+        if data.path is not None or data.task != "toy_copy":
+            return self
+        # One token per digit; an SFT target also ends with the end-of-sequence token.
+        sft = self.algorithm.kind is AlgorithmKind.SFT
+        answer = data.toy_digits + (1 if sft else 0)
+        if limit < answer:
+            what = f"data.toy_digits {data.toy_digits}" + (" and end-of-sequence" if sft else "")
+            raise ValueError(
+                f"rollout.max_new_tokens ({limit}) is shorter than the toy_copy answer ({answer} tokens: {what}): "
+                f"raise rollout.max_new_tokens or lower data.toy_digits"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _groups_fill_whole_steps(self) -> JobSpec:
+        """Joins trainer and rollout."""
+        gbs = self.trainer.global_batch_size
+        n = self.rollout.n_samples_per_prompt
+        if gbs % n:
+            raise ValueError(
+                f"trainer.global_batch_size ({gbs}) must be a multiple of "
+                f"rollout.n_samples_per_prompt ({n}) so no GRPO group is split across steps"
+            )
+        per_rollout = self.rollout.samples_per_rollout
+        if per_rollout % gbs:
+            raise ValueError(
+                f"a rollout's samples (prompts_per_rollout x n_samples_per_prompt = {per_rollout}) "
+                f"must be a multiple of trainer.global_batch_size ({gbs})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _model_splits_into_tensor_parallel_ranks(self) -> JobSpec:
+        """Joins model and trainer."""
+        tp = self.trainer.tensor_parallel
+        if self.model.hf_checkpoint is not None:
+            policy = from_hf_config(self.model.hf_checkpoint)
+            problems = policy.check_tensor_parallel(tp)
+            if problems:
+                raise ValueError(f"model.hf_checkpoint {self.model.hf_checkpoint}: {'; '.join(problems)}")
+            return self
+        for field in ("num_query_groups", "ffn_hidden_size"):
+            if getattr(self.model, field) % tp:
+                raise ValueError(
+                    f"model.{field} ({getattr(self.model, field)}) must be a multiple of trainer.tensor_parallel ({tp})"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _reference_matches_the_policy(self) -> JobSpec:
+        """Joins algorithm and model."""
+        reference = self.algorithm.reference
+        if reference == "initial":
+            return self
+        if self.algorithm.kl_coef == 0:
+            raise ValueError("algorithm.reference has no effect with algorithm.kl_coef 0; set a kl_coef or remove it")
+        if self.model.hf_checkpoint is None:
+            raise ValueError("algorithm.reference: a reference checkpoint needs a policy from model.hf_checkpoint")
+        if from_hf_config(Path(reference)) != from_hf_config(self.model.hf_checkpoint):
+            raise ValueError(f"algorithm.reference {reference}: its architecture differs from model.hf_checkpoint's")
+        return self
+
+    @model_validator(mode="after")
+    def _distributed_weight_sync_fits(self) -> JobSpec:
+        """Joins engines and rollout."""
+        if self.engines.weight_sync != "distributed":
+            return self
+        if self.engines.kind != "sglang":
+            raise ValueError(
+                "engines.weight_sync distributed broadcasts into SGLang engines: set engines.kind sglang, or use disk"
+            )
+        if self.rollout.mode != "sync":
+            raise ValueError(
+                "engines.weight_sync distributed pushes each version as soon as it is trained, and async engines "
+                "serve an older one: use rollout.mode sync, or weight_sync disk"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _eval_has_engines(self) -> JobSpec:
+        """Joins debug and eval."""
+        if self.debug.train_only is not None and self.eval.interval_rollouts:
+            raise ValueError("eval generates through the engines, and debug.train_only starts none: remove one")
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_has_room(self) -> JobSpec:
+        """Joins model and rollout."""
+        if self.prompt_limit < 1:
+            raise ValueError(
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) leaves no room for a prompt in the "
+                f"model's context of {self.model.context_length} tokens"
+            )
+        return self
+
+    @property
+    def prompt_limit(self) -> int:
+        """Longest prompt in tokens: rollout.max_prompt_len, else what the context leaves for it."""
+        room = self.model.context_length - self.rollout.max_new_tokens
+        return min(self.rollout.max_prompt_len or room, room)
+
+    @property
+    def engine_count(self) -> int:
+        """Engines the job starts: none when it only trains (debug.train_only)."""
+        return 0 if self.debug.train_only is not None else self.engines.count
+
+    @property
+    def trainer_groups(self) -> tuple[int, int]:
+        """(replicas, warm spares) the job starts: none when it only generates (debug.rollout_only)."""
+        if self.debug.rollout_only:
+            return 0, 0
+        return self.trainer.replicas, self.fault_tolerance.warm_spares
+
+    @property
+    def devices_needed(self) -> int:
+        """Device slots the job takes: each engine's (its tensor-parallel size) and one per trainer
+        rank, warm spares included."""
+        return self.engine_count * self.engines.slots + sum(self.trainer_groups) * self.trainer.tensor_parallel
+
+    @property
+    def needs_cuda(self) -> bool:
+        """Whether the job runs only on GPU slots: SGLang engines, or training in bf16."""
+        return self.engines.kind == "sglang" or self.trainer.dtype == "bf16"
+
+    @property
+    def resolved_workdir(self) -> Path:
+        return self.workdir if self.workdir is not None else Path("runs") / self.name

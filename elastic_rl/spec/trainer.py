@@ -1,0 +1,60 @@
+"""The ``trainer`` section: the Megatron trainer replicas, their batches and their optimizer."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+
+from elastic_rl.spec.base import Component
+
+
+class TrainerSpec(Component):
+    """The Megatron trainer replicas."""
+
+    replicas: PositiveInt = 1
+    """Trainer replicas joined by a torchft quorum."""
+    tensor_parallel: PositiveInt = 1
+    """Tensor-parallel ranks inside one replica."""
+    global_batch_size: PositiveInt = 64
+    """Samples in one optimizer step, summed over every replica."""
+    micro_batch_size: PositiveInt = 16
+    """Samples in one forward/backward pass (unless max_tokens_per_micro_batch is set)."""
+    max_tokens_per_micro_batch: PositiveInt | None = None
+    """Group samples by length into micro-batches of at most this many token slots (samples times
+    the longest one's length; a longer sample goes alone) instead of micro_batch_size samples each.
+    The gradient is the same either way (up to float rounding); the padding is less."""
+    lr: PositiveFloat = 1e-3
+    """Peak learning rate."""
+    min_lr: float = Field(0.0, ge=0.0)
+    """Learning rate at the end of the decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear warmup."""
+    lr_decay: Literal["constant", "linear", "cosine"] = "constant"
+    """Shape of the schedule after warmup."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    """AdamW beta1."""
+    adam_beta2: float = Field(0.98, ge=0.0, lt=1.0)
+    """AdamW beta2."""
+    clip_grad: PositiveFloat = 1.0
+    """Global gradient-norm clip."""
+    cpu_threads: PositiveInt = 1
+    """Torch threads of each trainer rank on a CPU node. More is faster where cores are free (in
+    sync mode the engines idle while the trainers train); runs compared bit for bit need the same."""
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    """fp32, or bf16: megatron's mixed precision (its autocast: bf16 matrix products over fp32
+    parameters and gradients, so the optimizer and the cross-replica all-reduce stay fp32). bf16
+    runs only on GPU slots: placement puts the replicas on nodes started with `erl daemon --gpus`.
+    Log probabilities, and their comparison with the engine's, are computed in fp32 either way."""
+
+    @model_validator(mode="after")
+    def _micro_fits(self) -> TrainerSpec:
+        # With a token budget micro_batch_size is unused: the budget cuts the micro-batches.
+        if self.max_tokens_per_micro_batch is None and self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"micro_batch_size ({self.micro_batch_size}), or set max_tokens_per_micro_batch"
+            )
+        return self
