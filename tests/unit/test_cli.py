@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from elastic_rl.cli import build_parser, main
+from elastic_rl.cli.main import build_parser, main
 from tests.processes import REPO, SPEC
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -39,7 +39,7 @@ def test_every_help_has_an_example():
 
 
 def test_cli_imports_no_torch():
-    code = "import sys, elastic_rl.cli; print('torch' in sys.modules)"
+    code = "import sys, elastic_rl.cli.main; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=30)
     assert out.stdout.strip() == "False"
 

@@ -12,7 +12,7 @@ import pytest
 
 from checkpoints import layout
 from checkpoints.rollout_log import batch_rows, read_rollout, write_rollout
-from elastic_rl.cli import main
+from elastic_rl.cli.main import main
 from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
 from elastic_rl.jobenv import JobEnv
 from elastic_rl.progress import ProgressReporter

@@ -1,0 +1,57 @@
+"""What every `erl` command shares: the exit codes, the etcd client options, and the helpers that make
+a subcommand (with the example its help ends with) or a group of subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from elastic_rl.store.client import DEFAULT_ENDPOINT
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+ETCD_ENV = "ERL_ETCD"
+
+
+def add_etcd_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a command that talks to etcd as a client."""
+    parser.add_argument("--etcd", metavar="URL", help=f"etcd endpoint (default: ${ETCD_ENV} or {DEFAULT_ENDPOINT})")
+
+
+def endpoint(args: argparse.Namespace) -> str:
+    """The etcd endpoint: ``--etcd``, else ``$ERL_ETCD``, else the embedded etcd's address."""
+    return args.etcd or os.environ.get(ETCD_ENV) or DEFAULT_ENDPOINT
+
+
+def endpoint_given(args: argparse.Namespace) -> bool:
+    """Whether ``--etcd`` or ``$ERL_ETCD`` names the endpoint, rather than the embedded etcd's default."""
+    return bool(args.etcd or os.environ.get(ETCD_ENV))
+
+
+def add_command(
+    commands, name: str, help_text: str, example: str, handler, etcd: bool = True
+) -> argparse.ArgumentParser:
+    """A subcommand with its example; ``etcd``: it takes the etcd client options."""
+    parser = commands.add_parser(
+        name,
+        help=help_text,
+        description=help_text[0].upper() + help_text[1:] + ".",
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(handler=handler)
+    if etcd:
+        add_etcd_options(parser)
+    return parser
+
+
+def add_command_group(commands, name: str, help_text: str, example: str):
+    """A command whose subcommands (added to what this returns) do the work, e.g. `erl chaos run`."""
+    group = commands.add_parser(
+        name,
+        help=help_text,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return group.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
