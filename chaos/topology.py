@@ -106,6 +106,8 @@ class ErldNode:
     """Set for the erld and so for every job process it starts (fault injection reaches trainers so)."""
     gpus: str | None = None
     """`all` or a count: the node offers its GPUs (`erl daemon --gpus`) instead of ``cpu_devices``."""
+    pool: dict[str, int] | None = None
+    """Idle pre-imported interpreters per process kind (`erl daemon --pool`); None: erld's defaults."""
     process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -113,6 +115,7 @@ class ErldNode:
         where = ["--etcd", self.etcd] if self.etcd else ["--etcd-port", str(self.etcd_port)]
         metrics = ["--metrics-port", str(self.metrics_port)] if self.metrics_port else []
         slots = ["--gpus", self.gpus] if self.gpus else ["--cpu-devices", str(self.cpu_devices)]
+        pool = [arg for kind, size in (self.pool or {}).items() for arg in ("--pool", f"{kind}={size}")]
         log = open(self.state_dir / "erld.log", "ab")
         self.process = subprocess.Popen(
             [
@@ -129,6 +132,7 @@ class ErldNode:
                 str(self.lease_ttl_s),
                 *where,
                 *metrics,
+                *pool,
             ],
             cwd=REPO,
             env={**os.environ, **self.environment},
@@ -238,9 +242,17 @@ class Topology:
         environment: dict[str, str] | None = None,
         name: str = "node-0",
         gpus: str | None = None,
+        pool: dict[str, int] | None = None,
     ) -> Topology:
         node = ErldNode(
-            name, root / name, cpu_devices, None, etcd_port=free_port(), environment=environment or {}, gpus=gpus
+            name,
+            root / name,
+            cpu_devices,
+            None,
+            etcd_port=free_port(),
+            environment=environment or {},
+            gpus=gpus,
+            pool=pool,
         )
         return cls([node])
 
@@ -253,6 +265,7 @@ class Topology:
         etcd_members: int = 3,
         lease_ttl_s: int = 4,
         environment: dict[str, str] | None = None,
+        pool: dict[str, int] | None = None,
     ) -> Topology:
         etcd = EtcdCluster(root / "etcd", etcd_members)
         made = [
@@ -263,6 +276,7 @@ class Topology:
                 etcd.endpoint,
                 lease_ttl_s=lease_ttl_s,
                 environment=environment or {},
+                pool=pool,
             )
             for i in range(nodes)
         ]

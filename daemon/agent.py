@@ -36,8 +36,8 @@ import orjson
 
 from checkpoints import layout
 from daemon import engines
-from daemon.notify import child_environment
-from daemon.plan import Endpoints, ProcSpec, Role, command, device_env, proc_spec, process_env, server_url
+from daemon.plan import Endpoints, ProcSpec, Role, command, node_environment, proc_spec, process_env, server_url
+from daemon.pool import InterpreterPool
 from daemon.proctable import LocalProc, ProcessTable, ProcState
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
@@ -49,8 +49,9 @@ from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots, mark_failed
-from policies.devices import DeviceKind, ProcessDevice
-from policies.exits import ExitAction, ExitFacts, decide_exit
+from policies.devices import DeviceKind
+from policies.engine_health import EngineWatch
+from policies.exits import ExitAction, ExitDecision, ExitFacts, decide_exit
 from policies.restart import RestartPolicy
 
 log = logging.getLogger("erld.agent")
@@ -74,11 +75,13 @@ class JobAgent:
         device_cooldown_s: float | None,
         device_kind: DeviceKind = DeviceKind.CPU,
         gpu_ids: tuple[str, ...] = (),
+        pool: InterpreterPool | None = None,
     ):
         self.job_id, self.spec, self.workdir = job_id, spec, workdir
         self.node, self.host = node, advertise_host
         self.device_kind = device_kind  # what this node's slots are
         self.gpu_ids = gpu_ids  # on a GPU node, its GPUs' CUDA indices (daemon.gpus)
+        self.pool = pool  # this node's pre-imported interpreters
         self.store, self.etcd_endpoint, self.events = store, etcd_endpoint, events
         self.table = table
         self.device_cooldown_s = device_cooldown_s
@@ -86,7 +89,7 @@ class JobAgent:
         self.submitted: float | None = None  # which submission of the job name this agent runs
         self.policy = RestartPolicy(spec.fault_tolerance.max_restarts, spec.fault_tolerance.restart_window_s)
         self.published: dict[str, dict[str, Any]] = {}
-        self.health_failures: dict[str, int] = {}
+        self.health_watches: dict[str, EngineWatch] = {}
         self._background: dict[str, asyncio.Task] = {}
         self._exporting: asyncio.Task | None = None
         self._last_health_check = 0.0
@@ -114,13 +117,10 @@ class JobAgent:
         """What every process of the job gets; a process without a slot (the services, the initial
         export) sees no GPU."""
         return {
-            **child_environment(),
+            **node_environment(),
             jobenv.JOB: self.job_id,
             jobenv.WORKDIR: str(self.workdir),
             jobenv.ETCD: self.etcd_endpoint,
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1",
-            **device_env(ProcessDevice(DeviceKind.CPU)),
         }
 
     @staticmethod
@@ -248,6 +248,7 @@ class JobAgent:
             tuple(proc.restarts),
             now,
             given_up=progress.get("failure", ""),
+            other_engines=self._other_engines(proc.name, reported),
         )
         decision = decide_exit(facts, self.policy)
         if decision.action is ExitAction.SUCCEED_JOB:
@@ -274,12 +275,35 @@ class JobAgent:
         for partner in group[1:]:
             # The other ranks of a dead rank's replica are stuck in their collectives.
             self.table.signal(partner, signal.SIGKILL)
+        await self._carry_out(proc, decision, group, now)
+
+    @staticmethod
+    def _other_engines(name: str, reported: dict[str, dict]) -> int:
+        """The job's engines running besides ``name``, on any node (``reported``: name -> record)."""
+        return sum(
+            1
+            for other, record in reported.items()
+            if other != name and record.get("role") == "engine" and record.get("state") == "running"
+        )
+
+    async def _carry_out(self, proc: LocalProc, decision: ExitDecision, group: list[LocalProc], now: float) -> None:
+        """What an exit's decision asks of ``proc`` (and the rest of its trainer ``group``), once it is dead."""
         if decision.action is ExitAction.FAIL_JOB:
             proc.state = ProcState.FAILED
             reason = f"{proc.name} {decision.reason}; last exit code {proc.exit_code}; see logs/{proc.name}.log"
             await self._publish(proc)
             await self._set_phase("failed", reason)
             await self.events.emit("job_failed", reason, proc=proc.name)
+            return
+        if decision.action is ExitAction.GIVE_UP_ENGINE:
+            proc.state = ProcState.FAILED
+            reason = f"{proc.name} given up: {decision.reason}"
+            await self._publish(proc)
+            await self.store.modify(
+                keys.job_status(self.job_id),
+                lambda status: {**status, "degraded": [*status.get("degraded", []), reason]},
+            )
+            await self.events.emit("engine_given_up", decision.reason, proc=proc.name, device=proc.device)
             return
         if decision.action is ExitAction.MOVE_REPLICA:
             if decision.quarantine_device:
@@ -390,15 +414,23 @@ class JobAgent:
             spec, assignment, endpoints, self._base_env(), self.host, self.spec, self.device_kind, self.gpu_ids
         )
         env.update(extra)
-        self.table.spawn(proc, command(spec, assignment, self.spec, self.workdir, self.host), env, self.workdir)
+        started = command(spec, assignment, self.spec, self.workdir, self.host)
+        from_pool = self.table.spawn(proc, started, env, self.workdir, self.pool)
         await self._publish(proc)
+        how = "from a pre-imported interpreter" if from_pool else "cold"
         if restarted:
             await self.events.emit(
-                "proc_restarted", f"restart {len(proc.restarts)}", proc=proc.name, device=proc.device
+                "proc_restarted",
+                f"restart {len(proc.restarts)}, {how}",
+                proc=proc.name,
+                device=proc.device,
+                from_pool=from_pool,
             )
         elif not assignment.get("initial"):
             # Placed after the job started: a new spare, a moved group, an added engine.
-            await self.events.emit("proc_started", f"on node {self.node}", proc=proc.name, device=proc.device)
+            await self.events.emit(
+                "proc_started", f"on node {self.node}, {how}", proc=proc.name, device=proc.device, from_pool=from_pool
+            )
         if spec.role is Role.ENGINE:
             # A replaced, moved or added engine is news; the job's first engines are not.
             announce = restarted or not assignment.get("initial")
@@ -420,7 +452,7 @@ class JobAgent:
             await client.update_weights_from_disk(str(layout.weights_dir(self.workdir, version)), str(version))
         await engines.register(router_url, engine_url, self.spec.engines.startup_timeout_s)
         proc.serving = True
-        self.health_failures[proc.name] = 0
+        self.health_watches[proc.name] = EngineWatch(time.time())
         await self._publish(proc)
         if announce:
             await self.events.emit("engine_serving", "registered with the router", proc=proc.name, device=proc.device)
@@ -454,10 +486,7 @@ class JobAgent:
 
     async def _health_pass(self, serving: dict[str, str]) -> None:
         verdicts = await engines.check(
-            serving,
-            self.health_failures,
-            self.spec.engines.health_timeout_s,
-            self.spec.engines.health_failure_threshold,
+            serving, self.health_watches, self.spec.engines.health_timeout_s, self.spec.engines.hang_timeout_s
         )
         assigned = {
             keys.last_part(k): v for k, v in (await self.store.get_prefix(keys.assignments(self.job_id))).items()
@@ -471,11 +500,17 @@ class JobAgent:
             await self._replace_engine(proc, verdict.reason)
 
     async def _replace_engine(self, proc: LocalProc, reason: str) -> None:
+        """An engine that is hung or did not start: killed, then dealt with as any exit of it is (restarted
+        after the restart policy's backoff, given up once its budget is spent)."""
         await self.events.emit("engine_unhealthy", f"{reason}; replacing it", proc=proc.name, device=proc.device)
+        records = await self.store.get_prefix(keys.procs(self.job_id))
+        others = self._other_engines(proc.name, {keys.last_part(key): record for key, record in records.items()})
+        # No await from the kill to the new state: the supervision pass must not take it for an exit too.
         proc.serving = False
         self.table.signal(proc, signal.SIGKILL)
-        proc.state, proc.restart_at = ProcState.RESTARTING, time.time()
-        proc.restarts.append(time.time())
+        now = time.time()
+        facts = ExitFacts("engine", None, False, False, tuple(proc.restarts), now, other_engines=others)
+        await self._carry_out(proc, decide_exit(facts, self.policy), [proc], now)
         await self._publish(proc)
 
     # --- stopping ------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """A job's engines as one node's agent sees them: registration with the router, and health checks.
 
 An engine is registered with the router once its server answers; only a
-registered ("serving") engine is health-checked. Each pass checks every
-serving engine of this node with ``/health_generate`` and ``/health`` at once
-(``policies.engine_health`` judges); an unhealthy one is taken out of the
-router and reported to the agent, which kills and restarts it. A router that
+registered ("serving") engine is health-checked. Each pass reads the load of
+every serving engine of this node at once (``/metrics``: its progress counter
+and whether it holds work) and ``policies.engine_health`` tells a hang from
+load; an unhealthy one is taken out of the router and reported to the agent,
+which kills it and restarts it under the job's restart policy. A router that
 (re)starts has every serving engine of the job registered with it, wherever
 the engines run: the engines' records in etcd carry their URLs.
 """
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
-from policies.engine_health import HealthVerdict, judge
+from policies.engine_health import EngineWatch, HealthVerdict, judge
 
 log = logging.getLogger("erld.engines")
 
@@ -65,16 +67,13 @@ async def prune(router_url: str, engine_urls: set[str]) -> None:
 
 
 async def check(
-    engine_urls: dict[str, str], failures: dict[str, int], timeout_s: float, threshold: int
+    engine_urls: dict[str, str], watches: dict[str, EngineWatch], timeout_s: float, hang_timeout_s: float
 ) -> dict[str, HealthVerdict]:
-    """One health pass over ``engine_urls`` (name -> URL); updates ``failures`` in place."""
-    clients = {name: EngineClient(url) for name, url in engine_urls.items()}
-    generated, responsive = await asyncio.gather(
-        asyncio.gather(*(c.health_generate(timeout_s) for c in clients.values())),
-        asyncio.gather(*(c.health(timeout_s) for c in clients.values())),
-    )
+    """One health pass over ``engine_urls`` (name -> URL); updates ``watches`` in place."""
+    loads = await asyncio.gather(*(EngineClient(url).load(timeout_s) for url in engine_urls.values()))
+    now = time.time()
     verdicts = {}
-    for name, made, answered in zip(clients, generated, responsive):
-        verdicts[name] = judge(made, answered, failures.get(name, 0), threshold)
-        failures[name] = verdicts[name].consecutive_failures
+    for name, load in zip(engine_urls, loads):
+        verdicts[name] = judge(watches.get(name) or EngineWatch(now), load, now, hang_timeout_s)
+        watches[name] = verdicts[name].watch
     return verdicts

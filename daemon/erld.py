@@ -34,7 +34,7 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ from daemon.agent import TERMINAL_PHASES, JobAgent
 from daemon.controller import Cluster, Controller, NotLeader
 from daemon.metrics import MetricsServer
 from daemon.notify import SystemdNotifier, child_environment
+from daemon.plan import node_environment
+from daemon.pool import InterpreterPool
 from daemon.proctable import ProcessTable, ProcState
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.errors import InputError
@@ -90,6 +92,9 @@ class NodeConfig:
     device_cooldown_s: float | None = None
     """How long a failed device stays failed; None: until `erl devices reset`."""
     metrics_port: int | None = None
+    pool_sizes: dict[str, int] = field(default_factory=dict)
+    """Idle pre-imported interpreters kept per process kind (``daemon.pool``); none by default here,
+    `erl daemon` gives ``daemon.pool.DEFAULT_SIZES``."""
 
 
 class Erld:
@@ -115,6 +120,7 @@ class Erld:
         self.leading = False
         self.stopping = asyncio.Event()
         self.metrics = MetricsServer(self, config.advertise_host, config.metrics_port)
+        self.pool = InterpreterPool(self.node, config.pool_sizes, state_dir, node_environment())
 
     def _events(self, job_id: str, workdir: Path) -> EventLog:
         return EventLog(self.store, job_id, workdir, self.node)
@@ -267,6 +273,7 @@ class Erld:
             self.config.device_cooldown_s,
             self.config.device_kind,
             self.config.gpu_ids,
+            self.pool,
         )
         agent.lease = self.lease
         agent.submitted = status.get("submitted")
@@ -306,6 +313,9 @@ class Erld:
     async def run(self) -> None:
         await self.join()
         await self.announce_adopted(self.table.adopt(self.load_state()))
+        ended = self.pool.end_leftovers({proc.pid for proc in self.table.procs.values()})
+        if ended:
+            log.info("ended %d pre-imported interpreters a previous erld left", ended)
         keep_alive = asyncio.create_task(self.keep_alive())
         await self.metrics.start()
         self.notifier.ready(self.summary())
@@ -324,6 +334,7 @@ class Erld:
             except StoreUnavailable as exc:
                 log.warning("etcd unreachable this pass: %s", exc)
             self.save_state()
+            self.pool.fill()  # after the pass: an interpreter it took is replaced in the background
             self.notifier.watchdog()
             self.notifier.status(self.summary())
             try:
@@ -340,6 +351,7 @@ class Erld:
             await agent.stop(graceful=True)
             await agent.events.emit("erld_stopped", "processes stopped with erld; the job resumes when it starts")
         self.agents.clear()
+        self.pool.close()
         self.state_file.unlink(missing_ok=True)
         await self.metrics.stop()
         await self.store.revoke(self.lease)

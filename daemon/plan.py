@@ -22,6 +22,7 @@ from enum import Enum
 from pathlib import Path
 
 from checkpoints import layout
+from daemon.notify import child_environment
 from elastic_rl import jobenv
 from elastic_rl.engines.launcher import engine_command, engine_env
 from elastic_rl.engines.router import router_command
@@ -143,6 +144,18 @@ def process_env(
             }
         )
     return env
+
+
+def node_environment() -> dict[str, str]:
+    """What every process erld starts begins with, before its job's and its own: erld's environment
+    less what belongs to erld alone, unbuffered output, one OpenMP thread, and no GPU seen (a process
+    with a slot is given its device by ``device_env``)."""
+    return {
+        **child_environment(),
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        **device_env(ProcessDevice(DeviceKind.CPU)),
+    }
 
 
 def device_env(device: ProcessDevice, gpu_ids: Sequence[str] = (), nccl: NcclSettings | None = None) -> dict[str, str]:

@@ -1,7 +1,9 @@
 """The job processes one erld runs: start, watch, signal, and the record that lets a restarted erld adopt them.
 
 Each process runs in its own session with its output appended to
-``workdir/logs/<proc>.log``, so it outlives a crash of erld; the table is
+``workdir/logs/<proc>.log``, so it outlives a crash of erld; a pooled
+interpreter (``daemon.pool``) that becomes one is such a process from its
+start, and is watched and signalled as any other. The table is
 saved to the erld's state file after every pass, and a restarted erld adopts
 the processes still alive (same pid, same start time) and forgets the rest.
 """
@@ -16,9 +18,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psutil
 
 from checkpoints import layout
+from daemon.pool import InterpreterPool
 from elastic_rl import jobenv
 
 
@@ -92,23 +96,51 @@ class ProcessTable:
             self.children[(proc.job, name)] = child
         return proc
 
-    def spawn(self, proc: LocalProc, command: list[str], env: dict[str, str], workdir: Path) -> None:
+    def spawn(
+        self,
+        proc: LocalProc,
+        command: list[str],
+        env: dict[str, str],
+        workdir: Path,
+        pool: InterpreterPool | None = None,
+    ) -> bool:
+        """Start ``proc``: a pooled interpreter of its kind becomes it where one is idle, else a new
+        process runs ``command``. Returns whether it came from the pool."""
         self.kill_strays(proc)
         log_path = layout.proc_log_path(workdir, proc.name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log_file:
-            child = subprocess.Popen(
-                command,
-                env={**env, jobenv.NODE: self.node},
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=os.getcwd(),
-            )
+        env = {**env, jobenv.NODE: self.node}
+        taken = pool.take(command) if pool is not None else None
+        child = self._assign(taken, env, log_path) if taken is not None else None
+        if child is None:
+            with open(log_path, "ab") as log_file:
+                child = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    cwd=os.getcwd(),
+                )
         self.children[(proc.job, proc.name)] = child
         proc.pid, proc.create_time = child.pid, psutil.Process(child.pid).create_time()
         proc.state, proc.restart_at, proc.exit_code, proc.serving = ProcState.RUNNING, None, None, False
+        return taken is not None and child is taken[0]
+
+    @staticmethod
+    def _assign(
+        taken: tuple[subprocess.Popen, list[str]], env: dict[str, str], log_path: Path
+    ) -> subprocess.Popen | None:
+        """Hand a pooled interpreter its assignment; None if it died before it could take it."""
+        interpreter, argv = taken
+        assignment = {"argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log_path)}
+        try:
+            interpreter.stdin.write(orjson.dumps(assignment) + b"\n")
+            interpreter.stdin.close()
+        except (BrokenPipeError, ValueError):
+            return None
+        return interpreter
 
     def alive(self, proc: LocalProc) -> bool:
         child = self.children.get((proc.job, proc.name))

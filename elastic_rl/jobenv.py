@@ -51,7 +51,7 @@ NCCL_RETHROW_CUDA_ERRORS = "TORCH_NCCL_RETHROW_CUDA_ERRORS"
 NCCL_NONBLOCKING_TIMEOUT = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
 SGLANG_HEALTH_GENERATION = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
 """Off in an SGLang engine's environment (``engines.launcher.engine_env``): its /health then only
-says that the server answers, while /health_generate, which erld asks too, runs a generation."""
+says that the server answers (erld judges a hang by the engine's progress counter instead)."""
 
 
 def spec_hash(spec: JobSpec) -> str:

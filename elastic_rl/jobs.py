@@ -152,7 +152,8 @@ async def resume(store: Store, job_id: str, snapshot_step: int | None = None) ->
                 "finished": False,
             },
         )
-    queued = {"phase": "pending", "reason": "", "resumed": time.time()}
+    # Every process starts afresh: engines given up before are back, the job is no longer degraded.
+    queued = {"phase": "pending", "reason": "", "resumed": time.time(), "degraded": []}
     await store.modify(keys.job_status(job_id), lambda current: {**current, **queued})
 
 

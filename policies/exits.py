@@ -10,7 +10,11 @@ Pure: the facts of one exit in, an action out. The rows:
 | trainer | rollback (75) | restart at once, from the newest snapshot |
 | trainer | device quarantined (76) | mark the device failed; the replica moves (a warm spare, or free devices) |
 | trainer | other, an idle warm spare exists | the spare takes the replica's place |
+| engine | other, its budget spent, another engine running | give it up: the job runs degraded on the others |
 | any | other | restart after the restart policy's backoff, or fail the job once its budget is spent |
+
+An engine found hung by its health check counts as an exit here, so its
+replacements go through the same backoff and budget.
 
 The agent that saw the exit applies the action; moving a replica is the
 controller's (it may go to another node).
@@ -43,6 +47,7 @@ class ExitAction(Enum):
     DONE = "done"
     RESTART = "restart"
     MOVE_REPLICA = "move_replica"
+    GIVE_UP_ENGINE = "give_up_engine"
     FAIL_JOB = "fail_job"
 
 
@@ -60,6 +65,8 @@ class ExitFacts:
     now: float
     given_up: str = ""
     """Why the orchestrator gave up, as it reported it."""
+    other_engines: int = 0
+    """An engine's exit: the job's other engines still running."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,9 @@ def decide_exit(facts: ExitFacts, policy: RestartPolicy) -> ExitDecision:
     if facts.role == "trainer" and facts.idle_spare:
         return ExitDecision(ExitAction.MOVE_REPLICA, reason="a warm spare takes its place")
     restart = decide_restart(policy, list(facts.restarts), facts.now)
+    if not restart.restart and facts.role == "engine" and facts.other_engines:
+        left = f"{facts.other_engines} engine{'s' if facts.other_engines != 1 else ''}"
+        return ExitDecision(ExitAction.GIVE_UP_ENGINE, reason=f"{restart.reason}; the job runs on {left}")
     if not restart.restart:
         return ExitDecision(ExitAction.FAIL_JOB, reason=restart.reason)
     return ExitDecision(ExitAction.RESTART, delay_s=restart.delay_s)

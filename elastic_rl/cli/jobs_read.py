@@ -38,6 +38,8 @@ def _format_status(info: dict[str, Any]) -> str:
     lines = [f"job {info['job']}: {status['phase']}" + (f" ({status['reason']})" if status.get("reason") else "")]
     if status.get("unplaced"):
         lines.append(f"  waiting for room: {', '.join(status['unplaced'])} (the job runs on without them)")
+    for reason in status.get("degraded", []):
+        lines.append(f"  degraded: {reason}")
     nodes = sorted({proc["node"] for proc in info["procs"].values() if proc.get("node")})
     lines.append(f"  work dir: {status.get('workdir')}   nodes: {', '.join(nodes) or '-'}")
     reward = progress.get("reward_mean")

@@ -21,8 +21,10 @@ from typing import Any
 import aiohttp
 import orjson
 
+from elastic_rl.engines import load_metrics
 from elastic_rl.errors import EngineError, EngineRejected
 from elastic_rl.retry import with_retries
+from policies.engine_health import EngineLoad
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -118,6 +120,15 @@ class EngineClient:
 
     async def health_generate(self, timeout_s: float = 5.0) -> bool:
         return await self._probe("/health_generate", timeout_s)
+
+    async def load(self, timeout_s: float = 5.0) -> EngineLoad | None:
+        """The engine's progress counter and whether it holds work, from its ``/metrics``; None when it
+        does not answer within ``timeout_s``."""
+        try:
+            page = await self._once("GET", f"{self.base_url}/metrics", None, aiohttp.ClientTimeout(total=timeout_s))
+        except (_Retryable, EngineError):
+            return None
+        return load_metrics.parse(page if isinstance(page, str) else "")
 
     async def _probe(self, path: str, timeout_s: float) -> bool:
         try:

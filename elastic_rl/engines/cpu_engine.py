@@ -85,6 +85,9 @@ class CpuEngine:
         self.decoder = self._decoder(deterministic, pad)
         self.waiting: deque[GenerationRequest] = deque()
         self.running: list[GenerationRequest] = []
+        # The progress counter erld's health check reads (``/metrics``): only ever grows.
+        self.generated_tokens = 0
+        self.finished_requests = 0
         self.paused = False
         self.admission_closed = False
         self.stepping = False
@@ -162,6 +165,7 @@ class CpuEngine:
 
     def _finish(self, request: GenerationRequest, reason: dict[str, Any]) -> None:
         if not request.done.done():
+            self.finished_requests += 1
             request.done.set_result(self._result(request, reason))
 
     # --- aborts and pauses -------------------------------------------------
@@ -270,6 +274,7 @@ class CpuEngine:
             token, logprob = choose_next_token(logits, request.params, request.generator)
             request.output_ids.append(token)
             request.logprobs.append(logprob)
+            self.generated_tokens += 1
 
     def _stop_reason(self, request: GenerationRequest) -> dict[str, Any] | None:
         token = request.output_ids[-1]

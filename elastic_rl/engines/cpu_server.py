@@ -28,6 +28,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.web_log import AccessLogger
 
+from elastic_rl.engines import load_metrics
 from elastic_rl.engines.cpu_engine import CpuEngine
 from elastic_rl.engines.sampling import InvalidRequest
 
@@ -36,7 +37,7 @@ log = logging.getLogger("elastic_rl.engines.cpu_server")
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 MODEL_POLL_S = 0.1
 # Polled every second by erld and the router: not worth a log line each.
-QUIET_PATHS = ("/health", "/health_generate")
+QUIET_PATHS = ("/health", "/health_generate", "/metrics")
 
 
 class AccessLogWithoutHealthChecks(AccessLogger):
@@ -164,8 +165,17 @@ def build_app(engine: CpuEngine, server_args: dict[str, Any]) -> web.Application
                 "running_requests": len(engine.running),
                 "waiting_requests": len(engine.waiting),
                 "paused": engine.paused,
+                "generated_tokens": engine.generated_tokens,
+                "finished_requests": engine.finished_requests,
             }
         )
+
+    @routes.get("/metrics")
+    async def metrics(request: web.Request) -> web.Response:
+        page = load_metrics.render(
+            engine.generated_tokens, engine.finished_requests, len(engine.running), len(engine.waiting)
+        )
+        return web.Response(text=page, content_type="text/plain")
 
     @routes.get("/get_weight_version")
     async def weight_version(request: web.Request) -> web.Response:

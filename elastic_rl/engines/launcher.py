@@ -67,17 +67,18 @@ def engine_command(
         str(spec.mem_fraction_static),
         "--weight-version",
         weight_version,
+        # erld's health check reads the engine's progress counter from /metrics (policies.engine_health).
+        "--enable-metrics",
         *determinism,
     ]
     return command + list(spec.extra_args)
 
 
 def engine_env(spec: EnginesSpec) -> dict[str, str]:
-    """SGLang's /health runs a generation unless told not to, and both it and /health_generate wait
-    while the engine loads weights: erld would take a healthy engine, loading, for a hung one
-    (``policies.engine_health``). Without that generation, /health says only that the server
-    answers, and a load counts as late generations, which ``engines.health_failure_threshold``
-    allows for."""
+    """SGLang's /health runs a generation unless told not to, and it waits while the engine loads
+    weights: the router, which polls /health, would take a healthy engine, loading, for a dead one.
+    Without that generation, /health says only that the server answers; erld tells a hang from a
+    load by the engine's progress counter (``policies.engine_health``)."""
     return {jobenv.SGLANG_HEALTH_GENERATION: "0"} if spec.kind == "sglang" else {}
 
 

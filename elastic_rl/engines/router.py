@@ -74,24 +74,8 @@ class RouterClient(EngineClient):
         return {worker["url"] for worker in await self.list_workers()}
 
     async def abort_on_every_worker(self) -> list[str]:
-        """Abort every request the engines hold, on all of them at once; they answer with what they
-        generated so far. Returns why each abort that failed did ("url: error").
-
-        One attempt per engine: a failed abort is not retried (a dying engine's requests are retried
-        elsewhere by the router, and a partial rollout aborts again while requests are out).
-        """
-        urls = sorted(await self.worker_urls())
-        outcomes = await asyncio.gather(
-            *(EngineClient(url, attempts=1).abort(abort_all=True) for url in urls), return_exceptions=True
-        )
-        failed = []
-        for url, outcome in zip(urls, outcomes):
-            if isinstance(outcome, EngineError):
-                failed.append(f"{url}: {outcome}")
-                log.warning("could not abort the requests on %s: %s", url, outcome)
-            elif isinstance(outcome, BaseException):
-                raise outcome
-        return failed
+        """Abort every request the engines behind the router hold (``abort_everywhere``)."""
+        return await abort_everywhere(sorted(await self.worker_urls()))
 
     async def add_worker(self, url: str, timeout_s: float = 60.0) -> None:
         """Register an engine and wait until the router lists it."""
@@ -112,3 +96,23 @@ class RouterClient(EngineClient):
                 return
             await asyncio.sleep(0.1)
         raise EngineError(f"{message} within {timeout_s:.0f}s")
+
+
+async def abort_everywhere(urls: list[str]) -> list[str]:
+    """Abort every request the engines at ``urls`` hold, on all of them at once; they answer with what
+    they generated so far. Returns why each abort that failed did ("url: error").
+
+    One attempt per engine: a failed abort is not retried (a dying engine's requests are retried
+    elsewhere, and a partial rollout aborts again while requests are out).
+    """
+    outcomes = await asyncio.gather(
+        *(EngineClient(url, attempts=1).abort(abort_all=True) for url in urls), return_exceptions=True
+    )
+    failed = []
+    for url, outcome in zip(urls, outcomes):
+        if isinstance(outcome, EngineError):
+            failed.append(f"{url}: {outcome}")
+            log.warning("could not abort the requests on %s: %s", url, outcome)
+        elif isinstance(outcome, BaseException):
+            raise outcome
+    return failed

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from elastic_rl.engines.router import RouterClient
+from elastic_rl.engines.access import EngineAccess
 from elastic_rl.errors import EngineError, EngineRejected, GaveUp
 from elastic_rl.plugins import load_function
 from elastic_rl.rollout.data import Prompt
@@ -120,9 +120,10 @@ class Work:
 
 
 class GroupGenerator:
-    def __init__(self, spec: JobSpec, router: RouterClient, tokenizer):
+    def __init__(self, spec: JobSpec, router: EngineAccess, tokenizer):
         self.spec = spec
         self.router = router
+        """The way to the engines: through the router, or straight to them while it is down."""
         self.tokenizer = tokenizer
         function = spec.rollout.generate_function
         self.custom = None if function is None else load_function("rollout.generate_function", function)

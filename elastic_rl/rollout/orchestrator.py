@@ -36,7 +36,9 @@ from checkpoints import layout
 from checkpoints.rollout_log import RolloutBatch, read_rollout, write_rollout
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
-from elastic_rl.engines.client import EngineClient
+from elastic_rl.engines.access import EngineAccess
+from elastic_rl.engines.client import DEFAULT_TIMEOUT_S, EngineClient
+from elastic_rl.engines.direct import DirectEngineClient, engines_in_etcd
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
 from elastic_rl.fencing import Assignment
@@ -58,6 +60,9 @@ RETRY_ENGINES_S = 1.0
 ENGINE_QUERY_TIMEOUT_S = 5.0
 # With the client's backoff (up to 2 s a try) this rides out about half a minute without engines.
 ROUTER_ATTEMPTS = 16
+# Where the engines can be reached without the router (under erld), a failed request is sent again
+# at once, straight to an engine, if the router does not answer.
+ROUTER_ATTEMPTS_WITH_DIRECT = 2
 
 
 def supervised_batch(prompts: list[Drawn], pad_id: int, weight_version: int) -> tuple[RolloutBatch, dict[str, float]]:
@@ -93,11 +98,11 @@ def supervised_batch(prompts: list[Drawn], pad_id: int, weight_version: int) -> 
 
 class Orchestrator:
     def __init__(
-        self, env: jobenv.JobEnv, router: RouterClient, progress: ProgressReporter, assignment: Assignment | None
+        self, env: jobenv.JobEnv, engines: EngineAccess, progress: ProgressReporter, assignment: Assignment | None
     ):
         self.spec: JobSpec = env.spec
         self.workdir = env.workdir
-        self.router = router
+        self.engines = engines
         self.progress = progress
         self.tokenizer = load_tokenizer(self.spec.model)
         self.replaying = self.spec.debug.train_only is not None
@@ -106,13 +111,15 @@ class Orchestrator:
         self.sampler: GroupSampler | None = None
         self.evaluator: Evaluator | None = None
         if not self.replaying:
-            self.sampler = GroupSampler(self.spec, self.tokenizer, router)
+            self.sampler = GroupSampler(self.spec, self.tokenizer, engines)
             self.evaluator = Evaluator(self.spec, self.tokenizer, self.sampler.generator, self.sampler.scorer)
         self.sinks = metric_sinks(self.spec, self.workdir)
         # Checked before each commit: only the orchestrator the controller assigned writes the log.
         self.assignment = assignment
         self.engine_version: int | None = None
         self.commit_times: dict[int, float] = {}
+        self.direct_requests_before = 0
+        """The direct client's request count when the rollout in hand began."""
 
     # --- weights --------------------------------------------------------------
 
@@ -124,7 +131,7 @@ class Orchestrator:
 
     async def wait_for_engines(self) -> None:
         """The router may have no engine yet (they start on other nodes, or are being replaced)."""
-        while not await self.router.worker_urls():
+        while not await self.engines.worker_urls():
             await asyncio.sleep(POLL_INTERVAL_S)
 
     async def serve_version(self, version: int) -> float:
@@ -149,13 +156,13 @@ class Orchestrator:
                     log.warning("engine %s did not load weights %d: %s", url, version, outcome)
             if pending:
                 await asyncio.sleep(RETRY_ENGINES_S)
-                pending &= await self.router.worker_urls()
+                pending &= await self.engines.worker_urls()
         self.engine_version = version
         return time.monotonic() - started
 
     async def engines_not_serving(self, version: int) -> set[str]:
-        """The engines behind the router that serve other weights than ``version``, or do not answer."""
-        urls = sorted(await self.router.worker_urls())
+        """The engines requests go to that serve other weights than ``version``, or do not answer."""
+        urls = sorted(await self.engines.worker_urls())
         infos = await asyncio.gather(
             *(EngineClient(url, timeout_s=ENGINE_QUERY_TIMEOUT_S, attempts=1).model_info() for url in urls),
             return_exceptions=True,
@@ -275,6 +282,8 @@ class Orchestrator:
         metrics["rollout/weight_version"] = float(self.engine_version)
         metrics["rollout/skipped_prompts"] = float(len(filled.skipped))
         metrics["rollout/weights_load_time"] = load_time
+        # Requests sent straight to the engines while the router was down (engines.access).
+        metrics["rollout/direct_requests"] = float(self.engines.direct_requests - self.direct_requests_before)
         meta = {
             **self.sampler.state_dict(),
             "metrics": metrics,
@@ -300,9 +309,11 @@ class Orchestrator:
                 generator = self.sampler.generator
                 # rollout/failed_requests counts the rollout's weight loads and eval as well as its generation.
                 generator.failed_requests = 0
+                self.direct_requests_before = self.engines.direct_requests
                 version = 0 if debug.rollout_only else spec.generating_version(rollout_id)
                 await self.wait_for_weights(version)  # the trainers' time: not bounded as a load is
                 load_time = await generator.serve(Serving(version, lambda version=version: self.serve_version(version)))
+                log.info("rollout %d: generating with weights %d", rollout_id, version)
             # In async mode this records the rollouts trained while this one waited for its weights.
             while recorded < rollout_id and self.trained(recorded):
                 await self.record_trained(recorded)
@@ -328,21 +339,25 @@ class Orchestrator:
 
 async def amain() -> None:
     env = jobenv.JobEnv.from_environ()
-    # Patient: while erld replaces engines or the router, generation waits rather than fails.
     endpoint = os.environ.get(jobenv.ETCD)
     assignment = Assignment.from_environ() if endpoint else None
-    async with (
-        RouterClient(os.environ[jobenv.ROUTER_URL], attempts=ROUTER_ATTEMPTS) as router,
-        ProgressReporter.connect(env.job, endpoint, env.workdir) as progress,
-    ):
-        try:
-            await Orchestrator(env, router, progress, assignment).run()
-        # A user's function that cannot be imported, or a rollout log of another version, fails the same
-        # way after every restart.
-        except (GaveUp, SpecError, RolloutLogError) as exc:
-            log.error("giving up: %s", exc)
-            await progress.give_up(str(exc))
-            sys.exit(EXIT_GAVE_UP)
+    async with ProgressReporter.connect(env.job, endpoint, env.workdir) as progress:
+        # Under erld the engines can be reached without the router: a request the router fails to
+        # answer goes straight to an engine. Without etcd the router is the only way, and patient:
+        # while erld replaces engines or the router, generation waits rather than fails.
+        direct = None
+        if progress.store is not None:
+            direct = DirectEngineClient(engines_in_etcd(progress.store, env.job), DEFAULT_TIMEOUT_S)
+        attempts = ROUTER_ATTEMPTS if direct is None else ROUTER_ATTEMPTS_WITH_DIRECT
+        async with RouterClient(os.environ[jobenv.ROUTER_URL], attempts=attempts) as router:
+            try:
+                await Orchestrator(env, EngineAccess(router, direct), progress, assignment).run()
+            # A user's function that cannot be imported, or a rollout log of another version, fails the
+            # same way after every restart.
+            except (GaveUp, SpecError, RolloutLogError) as exc:
+                log.error("giving up: %s", exc)
+                await progress.give_up(str(exc))
+                sys.exit(EXIT_GAVE_UP)
 
 
 def main() -> None:

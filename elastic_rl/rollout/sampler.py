@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from elastic_rl.engines.router import RouterClient
+from elastic_rl.engines.access import EngineAccess
 from elastic_rl.errors import GaveUp
 from elastic_rl.plugins import load_function
 from elastic_rl.rollout.data import DataSource, Prompt
@@ -77,7 +77,7 @@ class Filled:
 
 
 class GroupSampler:
-    def __init__(self, spec: JobSpec, tokenizer, router: RouterClient):
+    def __init__(self, spec: JobSpec, tokenizer, router: EngineAccess):
         self.spec = spec
         self.tokenizer = tokenizer
         self.data = DataSource(spec.data, spec.seed)

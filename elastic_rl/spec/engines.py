@@ -10,11 +10,10 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_v
 from elastic_rl.spec.base import Component
 
 CPU_ENGINE_STARTUP_S = 300.0
-SGLANG_DEFAULTS = {"startup_timeout_s": 1800.0, "health_timeout_s": 10.0, "health_failure_threshold": 30}
+SGLANG_DEFAULTS = {"startup_timeout_s": 1800.0, "health_timeout_s": 10.0, "hang_timeout_s": 300.0}
 """What kind sglang changes of the engines' defaults: SGLang loads weights, captures CUDA graphs and
-warms up before /health first answers, and its health generations wait while it loads new weights
-(its /health, started without generation, still answers then): 30 failed generations of 10 s give a
-weight load about 300 s, as long as a distributed weight sync may take."""
+warms up before /health first answers, and it holds its requests while it loads new weights, which
+may take as long as a distributed weight sync (300 s)."""
 
 
 class EnginesSpec(Component):
@@ -41,15 +40,16 @@ class EnginesSpec(Component):
     its CUDA graphs and warms up before /health answers, and an engine killed while still
     capturing never starts."""
     health_interval_s: PositiveFloat = 1.0
-    """Interval between /health_generate checks."""
+    """Interval between health checks, each a read of the engine's load (/metrics: its progress
+    counter, and whether it holds work)."""
     health_timeout_s: PositiveFloat = 3.0
-    """Timeout of one health check; an engine that answers nothing within it (hung, e.g.
-    SIGSTOPped) is unhealthy at once. Default 3 s for cpu engines, 10 s for sglang."""
-    health_failure_threshold: PositiveInt = 3
-    """Consecutive failed or late health generations, while the server still answers, that make
-    an engine unhealthy (a busy engine's health generation queues behind real requests, and an
-    engine's waits while it loads weights). Default 3 for cpu engines; 30 for sglang, so an
-    engine loading weights for up to about 30 x health_timeout_s (300 s) is not replaced."""
+    """Timeout of one health check. A late answer is not a fault by itself (see hang_timeout_s).
+    Default 3 s for cpu engines, 10 s for sglang."""
+    hang_timeout_s: PositiveFloat = 30.0
+    """An engine is hung, and replaced, when for this long it has neither answered a health check
+    nor advanced its progress counter while holding work; one that answers late but generates is
+    only loaded, and is left alone. Default 30 s for cpu engines, 300 s for sglang: long enough
+    for a weight load, during which an engine holds its requests."""
     weight_sync: Literal["disk", "distributed"] = "disk"
     """How engines get each new weight version. disk: they load weights/<version>, which the
     trainer writes. distributed (SGLang engines in sync mode): first the trainer's rank 0 broadcasts

@@ -17,6 +17,7 @@ from chaos.erl_cli import erl, job_status
 from chaos.runner import run_job as chaos_run_job
 from chaos.scenario import Fault, FaultKind
 from chaos.topology import Topology
+from daemon.pool import DEFAULT_SIZES
 from elastic_rl.spec.loading import load_spec
 from tests.processes import SPEC
 
@@ -38,15 +39,20 @@ def receive(sock: socket.socket, timeout: float, until: str, process: subprocess
     return messages
 
 
+NO_POOL = {kind: 0 for kind in DEFAULT_SIZES}
+"""Most tests keep no pre-imported interpreters: on 2 cores their imports only compete with the job."""
+
+
 @contextlib.contextmanager
-def running_daemon(root: Path, gpus: str | None = None) -> Iterator[Topology]:
+def running_daemon(root: Path, gpus: str | None = None, pool: dict[str, int] = NO_POOL) -> Iterator[Topology]:
     """One erld (node "test-node", 8 device slots, or with ``gpus`` the machine's GPUs, and an embedded
-    etcd) with its systemd notify socket captured as ``.notify``, stopped at the end."""
+    etcd, with ``pool``'s interpreters) with its systemd notify socket captured as ``.notify``, stopped at
+    the end."""
     notify_path = root / "notify.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         notify.bind(str(notify_path))
         environment = {"NOTIFY_SOCKET": str(notify_path)}
-        topology = Topology.single(root, cpu_devices=8, environment=environment, name="test-node", gpus=gpus)
+        topology = Topology.single(root, cpu_devices=8, environment=environment, name="test-node", gpus=gpus, pool=pool)
         with topology:
             topology.notify = notify
             yield topology

@@ -18,7 +18,7 @@ from chaos.topology import Topology
 from checkpoints import layout
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import mark_failed
-from tests.integration.erld_support import erl, job_events, metrics, run_job, status
+from tests.integration.erld_support import NO_POOL, erl, job_events, metrics, run_job, status
 from tests.integration.test_replicas import assert_close_relative
 
 pytestmark = [pytest.mark.integration]
@@ -74,7 +74,7 @@ def node_of(cluster: Topology, job_id: str, proc: str) -> str:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("cluster")
-    topology = Topology.cluster(root, nodes=3, cpu_devices=4, lease_ttl_s=TTL_S)
+    topology = Topology.cluster(root, nodes=3, cpu_devices=4, lease_ttl_s=TTL_S, pool=NO_POOL)
     topology.nodes[0].metrics_port = free_metrics_port()
     with topology:
         yield topology

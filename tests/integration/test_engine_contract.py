@@ -242,3 +242,25 @@ def test_engine_stays_responsive_while_generating(engine):
         return healthy
 
     assert run(scenario())
+
+
+def test_the_load_shows_progress_while_generating_and_no_work_after(engine):
+    """/metrics (SGLang's with --enable-metrics) carries the progress counter and the work held that
+    erld's health check reads: while a long request runs the counter advances and work is held."""
+    client, _, _ = engine
+
+    async def scenario():
+        idle = await client.load(timeout_s=5)
+        task = asyncio.create_task(client.generate(PROMPT, LONG, rid="counted"))
+        await _wait_running(client, task, 0.3)
+        busy = await client.load(timeout_s=5)
+        await asyncio.sleep(0.3)
+        later = await client.load(timeout_s=5)
+        await client.abort(rid="counted")
+        await task
+        return idle, busy, later, await client.load(timeout_s=5)
+
+    idle, busy, later, after = run(scenario())
+    assert busy.holding_work and later.holding_work
+    assert idle.progress < busy.progress < later.progress <= after.progress
+    assert not after.holding_work

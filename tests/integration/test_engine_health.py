@@ -1,14 +1,19 @@
 """Engine health under erld: an engine SIGKILLed mid-rollout while the job scales is replaced; no group
-is lost. (A hung engine is the chaos scenario chaos/scenarios/engine-hang.yaml: tests/integration/test_chaos.py.)"""
+is lost. Every engine slowed at once is load, not a fault, and restarts none; an engine hung for good
+is still replaced. (A hung only engine is also the chaos scenario chaos/scenarios/engine-hang.yaml:
+tests/integration/test_chaos.py.)"""
 
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 
 import pytest
 from safetensors.torch import load_file
 
+from chaos.faults import inject
+from chaos.scenario import Fault, FaultKind
 from checkpoints import layout
 from tests.integration.erld_support import erl, job_events, metrics, run_job, status
 
@@ -87,3 +92,43 @@ def test_engines_scale_and_a_killed_engine_is_replaced(daemon, tmp_path):
     assert finished.returncode == 1 and "only a running job scales" in finished.stderr
     invalid = erl("scale", "tiny-grpo", "--engines", "0", "--etcd", daemon.endpoint)
     assert invalid.returncode == 2 and "--engines" in invalid.stderr
+
+
+@pytest.mark.timeout(500)
+def test_overload_restarts_no_engine_and_a_hung_engine_is_still_replaced(daemon, tmp_path):
+    """Both engines stall in SIGSTOP bursts (3 s of every 4, each burst shorter than the hang timeout)
+    for 30 s while rollouts run: every answer between the bursts shows generation going on, so no
+    engine is restarted. Then engine-1 is SIGSTOPped for good: replaced within the hang timeout and
+    one check."""
+    hang_timeout_s, interval_s, check_timeout_s = 10, 1, 2
+    overload_ends: list[float] = []
+    hung_at: list[float] = []
+
+    def overload() -> None:
+        info = status(daemon, "tiny-grpo")
+        for engine in ("engine-0", "engine-1"):
+            burst = Fault(kind=FaultKind.SLOW_ENGINE, target=engine, duration_s=30, burst_s=3, period_s=4)
+            overload_ends.append(inject(burst, daemon, info, tmp_path, random.Random(0)).ends)
+
+    def hang_engine_1() -> None:
+        hang = Fault(kind=FaultKind.HANG, target="engine-1", duration_s=3600)
+        hung_at.append(inject(hang, daemon, status(daemon, "tiny-grpo"), tmp_path, random.Random(0)).time)
+
+    def overload_over(workdir) -> bool:
+        return bool(overload_ends) and time.time() > max(overload_ends) + 1
+
+    # Rollouts enough that the hang comes while the job still generates.
+    job = engine_job(rollouts=20) + ["--set", f"engines.hang_timeout_s={hang_timeout_s}"]
+    done = run_job(daemon, tmp_path, job, [(overload, 1), (hang_engine_1, overload_over)])
+    assert done == ["overload", "hang_engine_1"]
+    assert_every_group_complete(tmp_path, 20)
+    events = [e for e in job_events(tmp_path) if (e.get("proc") or "").startswith("engine")]
+    before_the_hang = [e for e in events if e["time"] < hung_at[0]]
+    assert not [e for e in before_the_hang if e["kind"] in ("engine_unhealthy", "proc_exited", "proc_restarted")]
+    (unhealthy,) = [e for e in events if e["kind"] == "engine_unhealthy"]
+    assert unhealthy["proc"] == "engine-1" and "answered nothing" in unhealthy["message"]
+    # Found at the first check after the timeout: one interval, plus that check's own wait for an answer.
+    assert unhealthy["time"] - hung_at[0] <= hang_timeout_s + interval_s + check_timeout_s + 3
+    kinds = Counter((e["proc"], e["kind"]) for e in events)
+    assert kinds[("engine-1", "proc_restarted")] == 1 and kinds[("engine-1", "engine_serving")] == 1, kinds
+    assert not [e for e in events if e["proc"] == "engine-0" and e["kind"] != "engine_serving"]

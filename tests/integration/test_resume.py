@@ -1,12 +1,14 @@
 """Checkpoint-first: SIGKILL job processes mid-run; the run ends exactly as a fault-free one, the
-rollout buffer's groups (dynamic sampling's leftovers) included."""
+rollout buffer's groups (dynamic sampling's leftovers) included. The router dies mid-generation, and
+the rollout goes on straight to the engines. Restarts come from erld's pre-imported interpreters."""
 
 from __future__ import annotations
 
 import pytest
 
 from chaos.invariants import check_run
-from tests.integration.erld_support import STOP_AND_RESUME, job_events, metrics, run_job, status
+from checkpoints import layout
+from tests.integration.erld_support import STOP_AND_RESUME, job_events, metrics, run_job, running_daemon, status
 
 pytestmark = [pytest.mark.integration]
 
@@ -32,13 +34,40 @@ JOB = [
 ]
 
 
+def generating(rollout_id: int):
+    """A moment: the engines are answering rollout ``rollout_id``'s requests (its weights are out and an
+    engine has answered since), so most of its requests are still in flight."""
+    answered_before: list[int] = []
+
+    def moment(workdir) -> bool:
+        if layout.latest_weights_version(workdir) is None or layout.latest_weights_version(workdir) < rollout_id:
+            return False
+        answered = sum(log.read_text().count("POST /generate") for log in (workdir / "logs").glob("engine-*.log"))
+        answered_before.append(answered)
+        return answered > answered_before[0]
+
+    return moment
+
+
+# One idle interpreter of each pooled kind: each kill below is restarted from one.
+POOL = {"trainer": 1, "orchestrator": 1, "engine": 1}
+
+
+@pytest.fixture
+def pooled_daemon(tmp_path):
+    with running_daemon(tmp_path, pool=POOL) as topology:
+        yield topology
+
+
 @pytest.mark.timeout(900)
-def test_killing_any_job_process_changes_nothing(daemon, tmp_path):
+def test_killing_any_job_process_changes_nothing(pooled_daemon, tmp_path):
+    daemon = pooled_daemon
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     run_job(daemon, clean, JOB)
     schedule = [
         ("trainer-0-0", 2),
-        ("router", 4),
+        # Mid-generation: the requests in flight are sent again straight to the engines.
+        ("router", generating(4)),
         ("orchestrator", 5),
         ("lighthouse", 7),
         ("engine-0", 8),
@@ -53,8 +82,16 @@ def test_killing_any_job_process_changes_nothing(daemon, tmp_path):
     checks = check_run(faulty, clean, status(daemon, "tiny-grpo")["status"], tolerance=0.0)
     assert all(check.held for check in checks), [check for check in checks if not check.held]
     lines = metrics(faulty)
+    # While the router was down, samples kept coming: straight from the engines.
+    assert sum(line["rollout/direct_requests"] for line in lines) > 0
+    assert not any(line["rollout/direct_requests"] for line in metrics(clean))
     assert any(line["rollout/filtered_fraction"] > 0 for line in lines)
     assert any(line["rollout/groups_from_buffer"] > 0 for line in lines)
     events = job_events(faulty)
     assert [e["kind"] for e in events].count("job_stopped") == 1
     assert any(e["kind"] == "trainer_resumed" and e["proc"] == "trainer-0-0" for e in events)
+    # A killed trainer rank, orchestrator and cpu engine each became a pre-imported interpreter.
+    restarts = [e for e in events if e["kind"] == "proc_restarted"]
+    for proc in ("trainer-0-0", "orchestrator", "engine-0"):
+        mine = [e for e in restarts if e["proc"] == proc]
+        assert mine and all(e["from_pool"] for e in mine), (proc, mine)

@@ -21,10 +21,9 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 POLICY = RestartPolicy(max_restarts=2, window_s=60, base_delay_s=0.5, max_delay_s=4)
 
 
-def decide(role: str, code: int | None, finished=False, idle_spare=False, restarts=(), given_up=""):
-    return decide_exit(
-        ExitFacts(role, code, finished, idle_spare, tuple(restarts), now=100.0, given_up=given_up), POLICY
-    )
+def decide(role: str, code: int | None, finished=False, idle_spare=False, restarts=(), given_up="", other_engines=0):
+    facts = ExitFacts(role, code, finished, idle_spare, tuple(restarts), 100.0, given_up, other_engines)
+    return decide_exit(facts, POLICY)
 
 
 def test_the_orchestrator_ending_after_the_last_rollout_settles_the_job():
@@ -86,3 +85,14 @@ def test_a_spent_budget_fails_the_job_with_its_reason():
 
 def test_only_trainers_go_to_spares():
     assert decide("engine", -9, idle_spare=True).action is ExitAction.RESTART
+
+
+def test_an_engine_whose_budget_is_spent_is_given_up_while_others_run():
+    decision = decide("engine", -9, restarts=[98.0, 99.0], other_engines=2)
+    assert decision.action is ExitAction.GIVE_UP_ENGINE
+    assert "3 times within 60s" in decision.reason and "the job runs on 2 engines" in decision.reason
+    assert decide("engine", -9, restarts=[99.0], other_engines=2).action is ExitAction.RESTART  # budget left
+
+
+def test_the_last_engine_whose_budget_is_spent_fails_the_job():
+    assert decide("engine", -9, restarts=[98.0, 99.0], other_engines=0).action is ExitAction.FAIL_JOB

@@ -1,11 +1,10 @@
-"""The NaN/Inf guard's and the engine health check's policies, and the NaN injection switch."""
+"""The NaN/Inf guard's policy, and the NaN injection switch."""
 
 from __future__ import annotations
 
 import pytest
 
 from elastic_rl.trainer.nan_injection import ENV_VAR, NanFault, NanInjector, install_from_environment
-from policies.engine_health import HealthVerdict, judge
 from policies.nan_guard import Response, StepHealth, decide, needs_recompute_elsewhere
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -55,23 +54,6 @@ def test_recompute_elsewhere_needs_a_persistent_shard_and_a_healthy_replica():
     assert not needs_recompute_elsewhere(health(nonfinite={1}, transient={1}))
     assert not needs_recompute_elsewhere(health(nonfinite={0, 1}))
     assert not needs_recompute_elsewhere(health(nonfinite={0}, participants=frozenset({0})))
-
-
-def test_an_engine_answering_nothing_is_unhealthy_at_once():
-    verdict = judge(generated=False, responsive=False, consecutive_failures=0, failure_threshold=3)
-    assert verdict.unhealthy and "hung or dead" in verdict.reason
-
-
-def test_a_slow_generation_on_a_live_server_needs_threshold_failures_in_a_row():
-    first = judge(False, True, 0, failure_threshold=2)
-    assert not first.unhealthy and first.consecutive_failures == 1
-    second = judge(False, True, first.consecutive_failures, 2)
-    assert second.unhealthy and "2 health generations in a row" in second.reason
-
-
-def test_a_generation_clears_the_count():
-    assert judge(True, True, 5, 2) == HealthVerdict(False, 0)
-    assert judge(True, False, 5, 2) == HealthVerdict(False, 0)
 
 
 def test_injection_poisons_only_the_chosen_steps():

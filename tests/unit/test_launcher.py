@@ -38,10 +38,12 @@ def test_sglang_command_passes_extra_args_through():
     assert command[command.index("--dtype") + 1] == "bfloat16"  # not SGLang's float16 for a float32 checkpoint
     assert "--base-gpu-id" not in command  # its GPUs come from CUDA_VISIBLE_DEVICES
     assert "--enable-deterministic-inference" in command
+    assert "--enable-metrics" in command  # erld's health check reads its progress counter
     assert command[-4:] == ["--quantization", "fp8", "--speculative-algorithm", "EAGLE"]
 
 
 def test_an_sglang_engine_health_is_liveness_only():
-    # SGLang's /health would otherwise run a generation, which waits while the engine loads weights.
+    # SGLang's /health would otherwise run a generation, which waits while the engine loads weights,
+    # and the router, which polls it, would take a loading engine for a dead one.
     assert engine_env(EnginesSpec.model_construct(kind="sglang")) == {jobenv.SGLANG_HEALTH_GENERATION: "0"}
     assert engine_env(EnginesSpec(kind="cpu")) == {}

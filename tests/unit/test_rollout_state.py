@@ -13,6 +13,8 @@ import pytest
 from checkpoints import layout
 from checkpoints.rollout_log import batch_rows, read_rollout, write_rollout
 from elastic_rl.cli.main import main
+from elastic_rl.engines.access import EngineAccess
+from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
 from elastic_rl.jobenv import JobEnv
 from elastic_rl.progress import ProgressReporter
@@ -58,7 +60,9 @@ class RecordingProgress(ProgressReporter):
 
 
 def orchestrator(job, workdir) -> Orchestrator:
-    made = Orchestrator(JobEnv("t", workdir, job), None, RecordingProgress(workdir), None)
+    # No router runs: the sampler's requests go to the fake below, and no request is direct.
+    engines = EngineAccess(RouterClient("http://127.0.0.1:9"))
+    made = Orchestrator(JobEnv("t", workdir, job), engines, RecordingProgress(workdir), None)
     if made.sampler is not None:
         made.sampler.generator.router = FakeRouter(made.tokenizer)
     return made

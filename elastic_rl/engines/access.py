@@ -1,0 +1,97 @@
+"""How the orchestrator reaches the engines: through the router while it answers, straight to the
+engines (``engines.direct``) while it does not.
+
+A generation request that fails at the router is sent again, once, straight to a serving engine
+if the router turns out not to answer (it died with the request in flight: the engine that held it
+may finish it, but nobody reads that answer, so no sample is made twice). From then on every
+request goes direct, and the router's health is asked at most once a ``ROUTER_PROBE_S``; once it
+answers again with engines registered (erld restarts it and registers the serving engines with
+it), requests go through it again. The engine list follows the same rule. Without a direct
+client (no etcd: a job run outside erld) every call goes to the router, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from elastic_rl.engines.direct import DirectEngineClient
+from elastic_rl.engines.router import RouterClient, abort_everywhere
+from elastic_rl.errors import EngineError, EngineRejected
+
+log = logging.getLogger("elastic_rl.engines.access")
+
+ROUTER_PROBE_S = 1.0
+PROBE_TIMEOUT_S = 1.0
+
+
+class EngineAccess:
+    def __init__(self, router: RouterClient, direct: DirectEngineClient | None = None):
+        self.router = router
+        self.direct = direct
+        self._probe = RouterClient(router.base_url, timeout_s=PROBE_TIMEOUT_S, attempts=1)
+        self._router_down = False
+        self._last_probe = 0.0
+
+    @property
+    def direct_requests(self) -> int:
+        return self.direct.requests if self.direct is not None else 0
+
+    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        if await self._use_direct():
+            return await self.direct.generate(input_ids, sampling_params)
+        try:
+            return await self.router.generate(input_ids, sampling_params)
+        except EngineRejected:
+            raise
+        except EngineError:
+            if self.direct is None or await self._router_answers():
+                raise  # the router answers: the failure is the engines', retried as such
+            self._going_direct()
+            return await self.direct.generate(input_ids, sampling_params)
+
+    async def worker_urls(self) -> set[str]:
+        """The engines requests go to: the router's workers, or the serving engines while it is down."""
+        if await self._use_direct():
+            return await self.direct.urls()
+        try:
+            return await self.router.worker_urls()
+        except EngineError:
+            if self.direct is None or await self._router_answers():
+                raise
+            self._going_direct()
+            return await self.direct.urls()
+
+    async def abort_on_every_worker(self) -> list[str]:
+        """Abort every request the engines hold, on the engines requests go to (``abort_everywhere``)."""
+        return await abort_everywhere(sorted(await self.worker_urls()))
+
+    # --- the router's state ---------------------------------------------------------
+
+    async def _use_direct(self) -> bool:
+        """Whether to bypass the router now: it was down, and a probe (at most one a ROUTER_PROBE_S)
+        has not found it back."""
+        if not self._router_down or time.monotonic() - self._last_probe < ROUTER_PROBE_S:
+            return self._router_down
+        self._last_probe = time.monotonic()
+        if await self._router_answers():
+            log.info("the router at %s answers again: generation goes through it", self.router.base_url)
+            self._router_down = False
+        return self._router_down
+
+    async def _router_answers(self) -> bool:
+        """The router answers and has engines to send requests to (a restarted one has none until
+        erld registers them)."""
+        try:
+            return bool(await self._probe.worker_urls())
+        except EngineError:
+            return False
+
+    def _going_direct(self) -> None:
+        if not self._router_down:
+            log.warning(
+                "the router at %s does not answer: generation goes straight to the engines", self.router.base_url
+            )
+        self._router_down = True
+        self._last_probe = time.monotonic()

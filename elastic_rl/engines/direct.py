@@ -1,0 +1,76 @@
+"""A client that reaches a job's engines without the router: their URLs come from etcd.
+
+erld records every engine it runs under ``/erl/jobs/<job>/procs/`` with its URL
+and whether it is serving (registered after it answered and loaded the current
+weights). ``DirectEngineClient`` reads that list and sends each request to the
+next serving engine in turn, one attempt each, moving on to the next engine
+when one fails. It is what generation goes through while the router is down
+(``engines.access``), and the path by which a request can be sent to an
+engine of one's choosing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from elastic_rl.engines.client import EngineClient
+from elastic_rl.errors import EngineError, EngineRejected
+from elastic_rl.store import keys
+from elastic_rl.store.client import Store
+
+log = logging.getLogger("elastic_rl.engines.direct")
+
+EngineDirectory = Callable[[], Awaitable[list[str]]]
+"""Returns the URLs of the job's serving engines."""
+
+
+def engines_in_etcd(store: Store, job: str) -> EngineDirectory:
+    """The serving engines of ``job`` as erld records them."""
+
+    async def serving() -> list[str]:
+        records = await store.get_prefix(keys.procs(job))
+        return sorted(
+            record["url"]
+            for record in records.values()
+            if record.get("role") == "engine" and record.get("serving") and record.get("state") == "running"
+        )
+
+    return serving
+
+
+class DirectEngineClient:
+    """Generation straight to the job's serving engines, in turn."""
+
+    def __init__(self, directory: EngineDirectory, timeout_s: float):
+        self.directory = directory
+        self.timeout_s = timeout_s
+        self.requests = 0
+        """Generation requests sent so far (the job's metric rollout/direct_requests)."""
+        self._turn = 0
+
+    async def urls(self) -> set[str]:
+        return set(await self.directory())
+
+    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        """One engine's answer; each serving engine is tried once, starting with the next in turn.
+        Raises EngineError when none answers (or none is serving)."""
+        urls = await self.directory()
+        if not urls:
+            raise EngineError("no engine is serving (direct to the engines, the router being down)")
+        errors = []
+        for offset in range(len(urls)):
+            url = urls[(self._turn + offset) % len(urls)]
+            self.requests += 1
+            try:
+                result = await EngineClient(url, self.timeout_s, attempts=1).generate(input_ids, sampling_params)
+            except EngineRejected:
+                raise
+            except EngineError as exc:
+                log.warning("engine %s did not answer a direct request: %s", url, exc)
+                errors.append(str(exc))
+                continue
+            self._turn += offset + 1
+            return result
+        raise EngineError(f"no serving engine answered directly; the last: {errors[-1]}")

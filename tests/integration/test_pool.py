@@ -1,0 +1,88 @@
+"""erld's pre-imported interpreters under the faults the chaos library does: an idle one killed, one
+killed while it takes its assignment, and erld killed with a full pool and started again. Nothing
+leaks: the node runs as many pool interpreters after as before, and no job process is left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from daemon.pool import POOL_NODE
+from elastic_rl import jobenv
+from tests.integration.erld_support import job_events, run_job, running_daemon
+
+pytestmark = [pytest.mark.integration]
+
+POOL = {"trainer": 1, "orchestrator": 1, "engine": 2}
+NODE = "test-node"
+
+
+def started_by_the_pool() -> list[psutil.Process]:
+    """This node's processes that began as pool interpreters: idle ones, and those that became a job's."""
+    found = []
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if process.environ().get(POOL_NODE) == NODE and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def output(process: psutil.Process) -> str:
+    """Where its output goes: the pool's log while idle, its job process's log once it became one."""
+    try:
+        return os.readlink(f"/proc/{process.pid}/fd/1")
+    except OSError:
+        return ""
+
+
+def idle() -> list[psutil.Process]:
+    return [process for process in started_by_the_pool() if "/pool-" in output(process)]
+
+
+def job_processes(workdir) -> list[psutil.Process]:
+    """The job's processes still alive: started cold (they carry the job in their environment) or from
+    the pool (their output goes to the job's logs)."""
+    found = [process for process in started_by_the_pool() if str(workdir) in output(process)]
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if process.environ().get(jobenv.JOB) == "tiny-grpo" and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(400)
+def test_the_pool_survives_kills_and_an_erld_restart_and_leaks_nothing(tmp_path):
+    full = sum(POOL.values())
+    with running_daemon(tmp_path, pool=POOL) as daemon:
+        wait_for(lambda: len(idle()) == full, 60, "the pool never filled")
+
+        def kill_an_idle_interpreter() -> None:
+            idle()[0].send_signal(signal.SIGKILL)
+
+        # The job's first processes take the interpreters while they still import: the orchestrator,
+        # killed at once, dies in the middle of taking its assignment.
+        faults = [("orchestrator", 0), (kill_an_idle_interpreter, 2), ("erld", 4)]
+        done = run_job(daemon, tmp_path / "job", ["--set", "rollout.num_rollouts=6"], faults)
+        assert done == ["orchestrator", "kill_an_idle_interpreter", "erld"]
+        events = job_events(tmp_path / "job")
+        assert [e["kind"] for e in events if e.get("proc") == "orchestrator"].count("proc_restarted") == 1
+        assert any(e["kind"] == "job_adopted" for e in events)
+        # The restarted erld ended its predecessor's idle interpreters and filled its own pool; the job's
+        # processes, adopted by it, ended with the job.
+        wait_for(lambda: not job_processes(tmp_path / "job"), 30, "job processes outlived the job")
+        wait_for(lambda: len(started_by_the_pool()) == len(idle()) == full, 60, "the pool is not back to its size")
