@@ -63,8 +63,10 @@ def moment_of(at: At, rng: random.Random) -> Moment:
 def make_topology(scenario: ChaosScenario, root: Path, environment: dict[str, str]) -> Topology:
     shape = scenario.topology
     if shape.nodes == 1 and shape.etcd_members == 1:
-        return Topology.single(root, shape.cpu_devices, environment)
-    return Topology.cluster(root, shape.nodes, shape.cpu_devices, shape.etcd_members, shape.lease_ttl_s, environment)
+        return Topology.single(root, shape.cpu_devices, environment, pool=shape.pool)
+    return Topology.cluster(
+        root, shape.nodes, shape.cpu_devices, shape.etcd_members, shape.lease_ttl_s, environment, pool=shape.pool
+    )
 
 
 def _run(scenario: ChaosScenario, root: Path, faulty: bool) -> tuple[JobRun, Path]:

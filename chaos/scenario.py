@@ -100,6 +100,8 @@ class Topology(Scenario):
     lease_ttl_s: int = Field(4, ge=1)
     workdir_tmpfs_mb: int | None = Field(None, gt=0)
     """Put the work dir on a tmpfs of this size (for fill_disk)."""
+    pool: dict[str, int] | None = None
+    """Pre-imported interpreters each erld keeps per process kind (`erl daemon --pool`); None: erld's defaults."""
 
 
 class ChaosScenario(Scenario):

@@ -97,7 +97,7 @@ def test_engines_scale_and_a_killed_engine_is_replaced(daemon, tmp_path):
 @pytest.mark.timeout(500)
 def test_overload_restarts_no_engine_and_a_hung_engine_is_still_replaced(daemon, tmp_path):
     """Both engines stall in SIGSTOP bursts (3 s of every 4, each burst shorter than the hang timeout)
-    for 30 s while rollouts run: every answer between the bursts shows generation going on, so no
+    for 24 s while rollouts run: every answer between the bursts shows generation going on, so no
     engine is restarted. Then engine-1 is SIGSTOPped for good: replaced within the hang timeout and
     one check."""
     hang_timeout_s, interval_s, check_timeout_s = 10, 1, 2
@@ -107,7 +107,7 @@ def test_overload_restarts_no_engine_and_a_hung_engine_is_still_replaced(daemon,
     def overload() -> None:
         info = status(daemon, "tiny-grpo")
         for engine in ("engine-0", "engine-1"):
-            burst = Fault(kind=FaultKind.SLOW_ENGINE, target=engine, duration_s=30, burst_s=3, period_s=4)
+            burst = Fault(kind=FaultKind.SLOW_ENGINE, target=engine, duration_s=24, burst_s=3, period_s=4)
             overload_ends.append(inject(burst, daemon, info, tmp_path, random.Random(0)).ends)
 
     def hang_engine_1() -> None:
@@ -118,10 +118,10 @@ def test_overload_restarts_no_engine_and_a_hung_engine_is_still_replaced(daemon,
         return bool(overload_ends) and time.time() > max(overload_ends) + 1
 
     # Rollouts enough that the hang comes while the job still generates.
-    job = engine_job(rollouts=20) + ["--set", f"engines.hang_timeout_s={hang_timeout_s}"]
+    job = engine_job(rollouts=16) + ["--set", f"engines.hang_timeout_s={hang_timeout_s}"]
     done = run_job(daemon, tmp_path, job, [(overload, 1), (hang_engine_1, overload_over)])
     assert done == ["overload", "hang_engine_1"]
-    assert_every_group_complete(tmp_path, 20)
+    assert_every_group_complete(tmp_path, 16)
     events = [e for e in job_events(tmp_path) if (e.get("proc") or "").startswith("engine")]
     before_the_hang = [e for e in events if e["time"] < hung_at[0]]
     assert not [e for e in before_the_hang if e["kind"] in ("engine_unhealthy", "proc_exited", "proc_restarted")]
