@@ -2,10 +2,11 @@
 
     .venv/bin/python bench/pool_bench.py
 
-Two runs of the tiny GRPO job on one erld, first with the pool off, then with one
-interpreter of each kind. In each, trainer-0-0, the orchestrator and engine-0 are
-SIGKILLed in turn, mid-rollout, and from the events and the processes' own logs it
-reports, per kind, the time from the kill to the restarted process being ready:
+Two runs of the tiny GRPO job (16 rollouts) on one erld, first with the pool off,
+then with one interpreter of each kind. In each, trainer-0-0, engine-0 and the
+orchestrator are SIGKILLed in turn, mid-rollout, after rollouts 2, 5 and 8, and
+from the events and the processes' own logs it reports, per kind, the time from
+the kill to the restarted process being ready:
 
 - trainer: asking the lighthouse for a quorum (its first "Start quorum");
 - orchestrator: generating (its first "generating with weights");
@@ -31,7 +32,7 @@ from chaos.topology import Topology  # noqa: E402
 
 from harness import SPEC, erl, events, job_status, log_lines  # noqa: E402
 
-KILLS = [("trainer-0-0", 3), ("orchestrator", 6), ("engine-0", 9)]
+KILLS = [("trainer-0-0", 2), ("engine-0", 5), ("orchestrator", 8)]
 READY = {"trainer-0-0": "Start quorum", "orchestrator": "generating with weights"}
 POOLS = {"cold": {"trainer": 0, "orchestrator": 0, "engine": 0}, "pool": {"trainer": 1, "orchestrator": 1, "engine": 1}}
 
@@ -44,7 +45,7 @@ def run(root: Path, name: str) -> dict[str, float]:
             "submit",
             str(SPEC),
             "--set",
-            "rollout.num_rollouts=12",
+            "rollout.num_rollouts=16",
             "--workdir",
             str(workdir),
             "--etcd",
