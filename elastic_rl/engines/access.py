@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from elastic_rl.engines.direct import DirectEngineClient
 from elastic_rl.engines.router import RouterClient, abort_everywhere
@@ -22,6 +23,7 @@ from elastic_rl.errors import EngineError, EngineRejected
 
 log = logging.getLogger("elastic_rl.engines.access")
 
+T = TypeVar("T")
 ROUTER_PROBE_S = 1.0
 PROBE_TIMEOUT_S = 1.0
 
@@ -39,29 +41,31 @@ class EngineAccess:
         return self.direct.requests if self.direct is not None else 0
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        return await self._router_or_direct(
+            lambda: self.router.generate(input_ids, sampling_params),
+            lambda: self.direct.generate(input_ids, sampling_params),
+        )
+
+    async def worker_urls(self) -> set[str]:
+        """The engines requests go to: the router's workers, or the serving engines while it is down."""
+        return await self._router_or_direct(self.router.worker_urls, lambda: self.direct.urls())
+
+    async def _router_or_direct(
+        self, through_router: Callable[[], Awaitable[T]], direct: Callable[[], Awaitable[T]]
+    ) -> T:
+        """``through_router()``; ``direct()`` instead while the router is down, and for a call the router
+        failed without answering."""
         if await self._use_direct():
-            return await self.direct.generate(input_ids, sampling_params)
+            return await direct()
         try:
-            return await self.router.generate(input_ids, sampling_params)
+            return await through_router()
         except EngineRejected:
-            raise
+            raise  # the router answered: it refused the request itself
         except EngineError:
             if self.direct is None or await self._router_answers():
                 raise  # the router answers: the failure is the engines', retried as such
             self._going_direct()
-            return await self.direct.generate(input_ids, sampling_params)
-
-    async def worker_urls(self) -> set[str]:
-        """The engines requests go to: the router's workers, or the serving engines while it is down."""
-        if await self._use_direct():
-            return await self.direct.urls()
-        try:
-            return await self.router.worker_urls()
-        except EngineError:
-            if self.direct is None or await self._router_answers():
-                raise
-            self._going_direct()
-            return await self.direct.urls()
+            return await direct()
 
     async def abort_on_every_worker(self) -> list[str]:
         """Abort every request the engines hold, on the engines requests go to (``abort_everywhere``)."""

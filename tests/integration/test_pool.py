@@ -21,16 +21,21 @@ POOL = {"trainer": 1, "orchestrator": 1, "engine": 2}
 NODE = "test-node"
 
 
-def started_by_the_pool() -> list[psutil.Process]:
-    """This node's processes that began as pool interpreters: idle ones, and those that became a job's."""
+def alive_with(variable: str, value: str) -> list[psutil.Process]:
+    """The live processes that started with ``variable=value`` in their environment."""
     found = []
     for process in psutil.process_iter(["pid"]):
         try:
-            if process.environ().get(POOL_NODE) == NODE and process.status() != psutil.STATUS_ZOMBIE:
+            if process.environ().get(variable) == value and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return found
+
+
+def started_by_the_pool() -> list[psutil.Process]:
+    """This node's processes that began as pool interpreters: idle ones, and those that became a job's."""
+    return alive_with(POOL_NODE, NODE)
 
 
 def output(process: psutil.Process) -> str:
@@ -48,14 +53,8 @@ def idle() -> list[psutil.Process]:
 def job_processes(workdir) -> list[psutil.Process]:
     """The job's processes still alive: started cold (they carry the job in their environment) or from
     the pool (their output goes to the job's logs)."""
-    found = [process for process in started_by_the_pool() if str(workdir) in output(process)]
-    for process in psutil.process_iter(["pid"]):
-        try:
-            if process.environ().get(jobenv.JOB) == "tiny-grpo" and process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return found
+    from_pool = [process for process in started_by_the_pool() if str(workdir) in output(process)]
+    return from_pool + alive_with(jobenv.JOB, "tiny-grpo")
 
 
 def wait_for(condition, timeout_s: float, what: str) -> None:
