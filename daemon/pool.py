@@ -11,7 +11,11 @@ A process due to start whose command runs one of these modules takes the
 oldest idle interpreter of its kind (``take``); ``fill`` starts replacements
 in the background on the next pass. The pool costs host memory, not device
 slots: an idle interpreter holds about what the process would after its
-imports (a trainer's about 430 MB here). Pool interpreters carry
+imports (a trainer's about 430 MB here). Nor does it take CPU from the job:
+an interpreter imports at the lowest priority (nice 19, ``elastic_rl.priority``),
+so a pool refilled in the middle of a run uses only what the job's processes
+leave, and the one taken is raised back to normal as it is handed out. Pool
+interpreters carry
 ``ERL_POOL_NODE`` in their environment: an erld that starts ends every one of
 its node's that is not a process it adopted (its predecessor's idle ones, or
 one assigned just before that erld died, before it saved its state).
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from elastic_rl.priority import normal_priority
 
 log = logging.getLogger("erld.pool")
 
@@ -90,6 +96,9 @@ class InterpreterPool:
         while idle:
             entry = idle.popleft()
             if entry.process.poll() is None:
+                # One still importing finishes at the normal priority; the interpreter also raises
+                # itself when it takes the assignment, in case it lowered itself only after this.
+                normal_priority(entry.process.pid)
                 return entry.process, command[2:]
         return None
 

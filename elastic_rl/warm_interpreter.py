@@ -4,11 +4,12 @@ erld keeps a few per node (``daemon.pool``), each started as
 
     python -m elastic_rl.warm_interpreter elastic_rl.trainer.main
 
-It imports the module it will run (and so everything that module imports: torch,
-megatron-core, torchft, transformers; none of it touches CUDA or opens a device),
-then waits for its assignment: one JSON line on stdin with the argv, environment,
-working directory and log file of the process it is to become. It then points its
-output at that log, takes that environment (CUDA reads CUDA_VISIBLE_DEVICES only
+It lowers its CPU priority to the lowest (``elastic_rl.priority``), imports the
+module it will run (and so everything that module imports: torch, megatron-core,
+torchft, transformers; none of it touches CUDA or opens a device), then waits for
+its assignment: one JSON line on stdin with the argv, environment, working
+directory and log file of the process it is to become. It then runs at the
+normal priority again, points its output at that log, takes that environment (CUDA reads CUDA_VISIBLE_DEVICES only
 when first used, which is after this) and runs the module as ``__main__``, as
 ``python -m`` would. It runs in a session of its own from its start, so erld
 signals its process group as any other job process's.
@@ -26,9 +27,12 @@ import sys
 
 import orjson
 
+from elastic_rl.priority import lower_for_background, normal_priority
+
 
 def become(assignment: dict) -> None:
     """Turn this interpreter into the assigned process and run it; returns when the process ends."""
+    normal_priority(os.getpid())
     log = os.open(assignment["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -48,6 +52,7 @@ def become(assignment: dict) -> None:
 
 def main() -> None:
     module = sys.argv[1]
+    lower_for_background()  # before any thread starts: the threads the imports start take it too
     importlib.import_module(module)
     line = sys.stdin.buffer.readline()
     if not line:

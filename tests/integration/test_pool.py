@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -57,6 +58,25 @@ def job_processes(workdir) -> list[psutil.Process]:
     return from_pool + alive_with(jobenv.JOB, "tiny-grpo")
 
 
+def niceness(process: psutil.Process) -> set[int]:
+    """The niceness of each of its threads (a thread's own on Linux) and of its session's autogroup
+    (where the kernel schedules by autogroup); none if it is gone."""
+    found = set()
+    try:
+        threads = process.threads()
+        autogroup = Path(f"/proc/{process.pid}/autogroup")
+        if autogroup.exists():
+            found.add(int(autogroup.read_text().split()[-1]))  # "/autogroup-<id> nice <n>"
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, FileNotFoundError, ProcessLookupError):
+        return set()
+    for thread in threads:
+        try:
+            found.add(os.getpriority(os.PRIO_PROCESS, thread.id))
+        except ProcessLookupError:
+            continue  # the thread ended
+    return found
+
+
 def wait_for(condition, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -69,8 +89,14 @@ def test_the_pool_survives_kills_and_an_erld_restart_and_leaks_nothing(tmp_path)
     full = sum(POOL.values())
     with running_daemon(tmp_path, pool=POOL) as daemon:
         wait_for(lambda: len(idle()) == full, 60, "the pool never filled")
+        # Idle interpreters import at the lowest priority: they take only CPU the job leaves.
+        wait_for(lambda: all(niceness(p) == {19} for p in idle()), 10, "an idle interpreter is not at nice 19")
+        from_pool_priorities = []
 
         def kill_an_idle_interpreter() -> None:
+            # The job's processes that were interpreters run at the normal priority, every thread.
+            became = [p for p in started_by_the_pool() if str(tmp_path / "job") in output(p)]
+            from_pool_priorities.extend(nice for nice in map(niceness, became) if nice)
             idle()[0].send_signal(signal.SIGKILL)
 
         # The job's first processes take the interpreters while they still import: the orchestrator,
@@ -81,6 +107,7 @@ def test_the_pool_survives_kills_and_an_erld_restart_and_leaks_nothing(tmp_path)
         events = job_events(tmp_path / "job")
         assert [e["kind"] for e in events if e.get("proc") == "orchestrator"].count("proc_restarted") == 1
         assert any(e["kind"] == "job_adopted" for e in events)
+        assert from_pool_priorities and all(nice == {0} for nice in from_pool_priorities), from_pool_priorities
         # The restarted erld ended its predecessor's idle interpreters and filled its own pool; the job's
         # processes, adopted by it, ended with the job.
         wait_for(lambda: not job_processes(tmp_path / "job"), 30, "job processes outlived the job")
