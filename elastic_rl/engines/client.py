@@ -36,11 +36,19 @@ class _Retryable(Exception):
 class EngineClient:
     """Talks to one engine, or to the router, which answers the same generation API."""
 
-    def __init__(self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S, attempts: int = 3):
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        attempts: int = 3,
+        session: aiohttp.ClientSession | None = None,
+    ):
+        """``session``: one its owner keeps open across clients; without it (and outside ``async with``)
+        each call opens its own."""
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.attempts = attempts
-        self._session: aiohttp.ClientSession | None = None
+        self._session = session
 
     async def __aenter__(self) -> EngineClient:
         # No cap on connections: the caller bounds the requests in flight (rollout.max_concurrency).

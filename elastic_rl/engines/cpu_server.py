@@ -119,10 +119,13 @@ def build_app(engine: CpuEngine, server_args: dict[str, Any]) -> web.Application
         if not isinstance(body.get("model_path"), str):
             raise InvalidRequest("model_path: give the folder of the new weights")
         version = body.get("weight_version")
-        held = await engine.update_weights(
-            Path(body["model_path"]),
-            None if version is None else str(version),
-            bool(body.get("abort_all_requests", False)),
+        # Shielded: a load runs to its end even if its caller goes away (handler_cancellation below).
+        held = await asyncio.shield(
+            engine.update_weights(
+                Path(body["model_path"]),
+                None if version is None else str(version),
+                bool(body.get("abort_all_requests", False)),
+            )
         )
         return _json({"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": held})
 
@@ -259,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
         port=args.port,
         print=None,
         access_log_class=AccessLogWithoutHealthChecks,
+        # As SGLang: a request whose client went away (a router that died holding it) is aborted, not
+        # generated to the end for nobody while the same request comes again from elsewhere.
+        handler_cancellation=True,
     )
 
 

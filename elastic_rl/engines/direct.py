@@ -2,9 +2,10 @@
 
 erld records every engine it runs under ``/erl/jobs/<job>/procs/`` with its URL
 and whether it is serving (registered after it answered and loaded the current
-weights). ``DirectEngineClient`` reads that list and sends each request to the
-next serving engine in turn, one attempt each, moving on to the next engine
-when one fails. It is what generation goes through while the router is down
+weights). ``DirectEngineClient`` reads that list (at most once a
+``DIRECTORY_REFRESH_S``: a rollout sends hundreds of requests at once) and
+sends each request to the next serving engine in turn, one attempt each,
+moving on to the next engine when one fails. It is what generation goes through while the router is down
 (``engines.access``), and the path by which a request can be sent to an
 engine of one's choosing.
 """
@@ -12,8 +13,11 @@ engine of one's choosing.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import aiohttp
 
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.errors import EngineError, EngineRejected
@@ -24,6 +28,7 @@ log = logging.getLogger("elastic_rl.engines.direct")
 
 EngineDirectory = Callable[[], Awaitable[list[str]]]
 """Returns the URLs of the job's serving engines."""
+DIRECTORY_REFRESH_S = 1.0
 
 
 def engines_in_etcd(store: Store, job: str) -> EngineDirectory:
@@ -41,7 +46,8 @@ def engines_in_etcd(store: Store, job: str) -> EngineDirectory:
 
 
 class DirectEngineClient:
-    """Generation straight to the job's serving engines, in turn."""
+    """Generation straight to the job's serving engines, in turn; inside ``async with``, over connections
+    kept open for the whole run."""
 
     def __init__(self, directory: EngineDirectory, timeout_s: float):
         self.directory = directory
@@ -49,28 +55,47 @@ class DirectEngineClient:
         self.requests = 0
         """Generation requests sent so far (the job's metric rollout/direct_requests)."""
         self._turn = 0
+        self._serving: list[str] = []
+        self._read_at = float("-inf")
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> DirectEngineClient:
+        # No cap on connections: the caller bounds the requests in flight (rollout.max_concurrency).
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        session, self._session = self._session, None
+        await session.close()
 
     async def urls(self) -> set[str]:
-        return set(await self.directory())
+        return set(await self._serving_engines())
+
+    async def _serving_engines(self) -> list[str]:
+        if time.monotonic() - self._read_at >= DIRECTORY_REFRESH_S:
+            self._serving, self._read_at = await self.directory(), time.monotonic()
+        return self._serving
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         """One engine's answer; each serving engine is tried once, starting with the next in turn.
         Raises EngineError when none answers (or none is serving)."""
-        urls = await self.directory()
+        urls = await self._serving_engines()
         if not urls:
             raise EngineError("no engine is serving (direct to the engines, the router being down)")
+        # The turn is taken as the request is sent: the requests of a rollout are sent all at once.
+        first, self._turn = self._turn, self._turn + 1
         errors = []
         for offset in range(len(urls)):
-            url = urls[(self._turn + offset) % len(urls)]
+            url = urls[(first + offset) % len(urls)]
             self.requests += 1
             try:
-                result = await EngineClient(url, self.timeout_s, attempts=1).generate(input_ids, sampling_params)
+                engine = EngineClient(url, self.timeout_s, attempts=1, session=self._session)
+                result = await engine.generate(input_ids, sampling_params)
             except EngineRejected:
                 raise
             except EngineError as exc:
                 log.warning("engine %s did not answer a direct request: %s", url, exc)
                 errors.append(str(exc))
                 continue
-            self._turn += offset + 1
             return result
         raise EngineError(f"no serving engine answered directly; the last: {errors[-1]}")

@@ -22,6 +22,7 @@ instead of generating.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -345,11 +346,13 @@ async def amain() -> None:
         # Under erld the engines can be reached without the router: a request the router fails to
         # answer goes straight to an engine. Without etcd the router is the only way, and patient:
         # while erld replaces engines or the router, generation waits rather than fails.
-        direct = None
-        if progress.store is not None:
-            direct = DirectEngineClient(engines_in_etcd(progress.store, env.job), DEFAULT_TIMEOUT_S)
-        attempts = ROUTER_ATTEMPTS if direct is None else ROUTER_ATTEMPTS_WITH_DIRECT
-        async with RouterClient(os.environ[jobenv.ROUTER_URL], attempts=attempts) as router:
+        async with contextlib.AsyncExitStack() as clients:
+            direct = None
+            if progress.store is not None:
+                direct_client = DirectEngineClient(engines_in_etcd(progress.store, env.job), DEFAULT_TIMEOUT_S)
+                direct = await clients.enter_async_context(direct_client)
+            attempts = ROUTER_ATTEMPTS if direct is None else ROUTER_ATTEMPTS_WITH_DIRECT
+            router = await clients.enter_async_context(RouterClient(os.environ[jobenv.ROUTER_URL], attempts=attempts))
             try:
                 await Orchestrator(env, EngineAccess(router, direct), progress, assignment).run()
             # A user's function that cannot be imported, or a rollout log of another version, fails the

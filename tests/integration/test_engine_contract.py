@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,26 @@ def test_abort_all(engine):
 
     results = run(scenario())
     assert all(r["meta_info"]["finish_reason"]["type"] == "abort" for r in results)
+
+
+def test_a_request_whose_client_went_away_is_aborted(engine):
+    """A client that dies holding a request (the router, killed mid-rollout) leaves the engine no work:
+    the engine aborts it instead of generating its 20000 tokens for nobody."""
+    client, _, _ = engine
+
+    async def scenario():
+        task = asyncio.create_task(client.generate(PROMPT, LONG))
+        await _wait_running(client, task)
+        task.cancel()  # closes the connection
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            load = await client.load()
+            if load is not None and not load.holding_work:
+                return True
+            await asyncio.sleep(0.2)
+        return False
+
+    assert run(scenario()), "the engine still holds the request of a client that went away"
 
 
 def test_pause_in_place_then_continue(engine):
