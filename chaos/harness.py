@@ -141,6 +141,7 @@ def run_scenario(scenario: ChaosScenario, out: Path, cache: Path | None = None) 
     cache = cache or Path(os.environ.get(CACHE_ENV, REPO / "runs" / ".chaos-cache"))
     out.mkdir(parents=True, exist_ok=True)
     reference, reference_wall = reference_run(scenario, cache)
+    shutil.rmtree(out / "faulty", ignore_errors=True)  # a run before into the same --out
     try:
         run, workdir = _run(scenario, out / "faulty", faulty=True)
     except NoTarget as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import signal
 import time
 
@@ -12,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from chaos.faults import inject
+from chaos.scenario import Fault, FaultKind
 from checkpoints import layout
 from tests.integration.erld_support import job_events, metrics, run_job, running_daemon, status
 from tests.integration.test_replicas import assert_close_relative
@@ -150,3 +153,30 @@ def test_a_killed_replica_heals_from_its_peer(smollm2_daemon, fault_free, tmp_pa
     assert any(e["kind"] == "replica_healed" and e["proc"] == "trainer-1-0" for e in job_events(tmp_path))
     # The fault-free run had one replica: the same global batch, so the same weights up to float noise.
     assert_close_relative(final_weights(fault_free), final_weights(tmp_path), 1e-5)
+
+
+# `make chaos`: the overload that once turned into an outage, on the real model
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
+def test_every_engine_overloaded_for_a_minute_restarts_none(smollm2_daemon, tmp_path):
+    """Both engines stall in SIGSTOP bursts (3 s of every 4) for a minute from rollout 1 on, with the
+    engines' default hang timeout: every answer between the bursts shows generation going on, so no
+    engine is replaced and the job completes with every rollout."""
+    overload_ends: list[float] = []
+
+    def overload() -> None:
+        info = status(smollm2_daemon, "smollm2-math")
+        for engine in ("engine-0", "engine-1"):
+            burst = Fault(kind=FaultKind.SLOW_ENGINE, target=engine, duration_s=60, burst_s=3, period_s=4)
+            overload_ends.append(inject(burst, smollm2_daemon, info, tmp_path, random.Random(0)).ends)
+
+    rollouts = 8  # about 10 s each: the run outlasts the minute of overload
+    job = [*short_job(), "--set", f"rollout.num_rollouts={rollouts}", "--set", "engines.count=2"]
+    done = run_job(smollm2_daemon, tmp_path, job, [(overload, 1)], spec=SPEC, timeout_s=800)
+    assert done == ["overload"]
+    assert [line["rollout"] for line in metrics(tmp_path)] == list(range(rollouts))
+    events = job_events(tmp_path)
+    # The overload lasted into the run's last part, not past its end: it was there to be judged.
+    assert max(overload_ends) < max(e["time"] for e in events)
+    engine_events = [e for e in events if (e.get("proc") or "").startswith("engine")]
+    assert not [e for e in engine_events if e["kind"] in ("engine_unhealthy", "proc_exited", "proc_restarted")]
