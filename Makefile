@@ -57,8 +57,8 @@ test: setup models lint
 # Every test marked chaos: the scenario library (chaos/scenarios/*.yaml), each against its fault-free run
 # with every invariant checked and a report written, the long replica runs (a replica of the SmolLM2 job and
 # one of two tiny replicas killed, one of three at TP=1 and TP=2), the async trainer kills compared bit for
-# bit, and the NaN transient and rollback cases. The TP=2 replica kill, and GSPO and REINFORCE++ learning the
-# tiny task, run in make test.
+# bit, the NaN transient and rollback cases, and the SmolLM2 job with both engines overloaded for a minute.
+# The TP=2 replica kill, and GSPO and REINFORCE++ learning the tiny task, run in make test.
 chaos: setup models
 	$(PY) -m pytest -m chaos tests
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import orjson
 import pytest
 
 from chaos.erl_cli import erl, job_status
+from chaos.faults import inject
 from chaos.runner import run_job as chaos_run_job
 from chaos.scenario import Fault, FaultKind
 from chaos.topology import Topology
@@ -127,3 +129,13 @@ def stop_and_resume(daemon: Topology, job: str) -> Callable[[], None]:
 
 def job_events(workdir: Path) -> list[dict]:
     return [orjson.loads(line) for line in (workdir / "events.jsonl").read_text().splitlines()]
+
+
+def overload_engines(daemon: Topology, job: str, workdir: Path, engines: list[str], duration_s: float) -> float:
+    """Stall each of ``engines`` in SIGSTOP bursts (3 s of every 4: each shorter than any hang timeout) for
+    ``duration_s``, all at once, as an overloaded machine would; returns when the bursts end."""
+    info = status(daemon, job)
+    burst = {"kind": FaultKind.SLOW_ENGINE, "duration_s": duration_s, "burst_s": 3, "period_s": 4}
+    return max(
+        inject(Fault(target=engine, **burst), daemon, info, workdir, random.Random(0)).ends for engine in engines
+    )

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from chaos.faults import inject
 from chaos.scenario import Fault, FaultKind
 from checkpoints import layout
-from tests.integration.erld_support import erl, job_events, metrics, run_job, status
+from tests.integration.erld_support import erl, job_events, metrics, overload_engines, run_job, status
 
 pytestmark = [pytest.mark.integration]
 
@@ -105,10 +105,7 @@ def test_overload_restarts_no_engine_and_a_hung_engine_is_still_replaced(daemon,
     hung_at: list[float] = []
 
     def overload() -> None:
-        info = status(daemon, "tiny-grpo")
-        for engine in ("engine-0", "engine-1"):
-            burst = Fault(kind=FaultKind.SLOW_ENGINE, target=engine, duration_s=24, burst_s=3, period_s=4)
-            overload_ends.append(inject(burst, daemon, info, tmp_path, random.Random(0)).ends)
+        overload_ends.append(overload_engines(daemon, "tiny-grpo", tmp_path, ["engine-0", "engine-1"], 24))
 
     def hang_engine_1() -> None:
         hang = Fault(kind=FaultKind.HANG, target="engine-1", duration_s=3600)

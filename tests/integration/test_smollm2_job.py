@@ -1,11 +1,11 @@
 """GRPO on SmolLM2-135M-Instruct under erld: a short job trains, exports weights transformers loads and
-the cpu engine serves, starts with its reference equal to the policy; a killed replica heals from its peer."""
+the cpu engine serves, starts with its reference equal to the policy; a killed replica heals from its peer;
+every engine overloaded for a minute is load, and none is replaced."""
 
 from __future__ import annotations
 
 import math
 import os
-import random
 import signal
 import time
 
@@ -13,10 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from chaos.faults import inject
-from chaos.scenario import Fault, FaultKind
 from checkpoints import layout
-from tests.integration.erld_support import job_events, metrics, run_job, running_daemon, status
+from tests.integration.erld_support import job_events, metrics, overload_engines, run_job, running_daemon, status
 from tests.integration.test_replicas import assert_close_relative
 from tests.processes import REPO, SMOLLM2
 
@@ -165,10 +163,8 @@ def test_every_engine_overloaded_for_a_minute_restarts_none(smollm2_daemon, tmp_
     overload_ends: list[float] = []
 
     def overload() -> None:
-        info = status(smollm2_daemon, "smollm2-math")
-        for engine in ("engine-0", "engine-1"):
-            burst = Fault(kind=FaultKind.SLOW_ENGINE, target=engine, duration_s=60, burst_s=3, period_s=4)
-            overload_ends.append(inject(burst, smollm2_daemon, info, tmp_path, random.Random(0)).ends)
+        engines = ["engine-0", "engine-1"]
+        overload_ends.append(overload_engines(smollm2_daemon, "smollm2-math", tmp_path, engines, 60))
 
     rollouts = 8  # about 10 s each: the run outlasts the minute of overload
     job = [*short_job(), "--set", f"rollout.num_rollouts={rollouts}", "--set", "engines.count=2"]
