@@ -33,6 +33,12 @@ class _Retryable(Exception):
     """A failure worth another attempt: no connection, or a 5xx answer."""
 
 
+def open_session() -> aiohttp.ClientSession:
+    """A session kept open across calls, with no cap on connections: the caller bounds the requests in
+    flight (rollout.max_concurrency)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+
 class EngineClient:
     """Talks to one engine, or to the router, which answers the same generation API."""
 
@@ -51,8 +57,7 @@ class EngineClient:
         self._session = session
 
     async def __aenter__(self) -> EngineClient:
-        # No cap on connections: the caller bounds the requests in flight (rollout.max_concurrency).
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self._session = open_session()
         return self
 
     async def __aexit__(self, *exc_info) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from elastic_rl.engines.client import EngineClient
+from elastic_rl.engines.client import EngineClient, open_session
 from elastic_rl.errors import EngineError, EngineRejected
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
@@ -60,8 +60,7 @@ class DirectEngineClient:
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> DirectEngineClient:
-        # No cap on connections: the caller bounds the requests in flight (rollout.max_concurrency).
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self._session = open_session()
         return self
 
     async def __aexit__(self, *exc_info) -> None:
