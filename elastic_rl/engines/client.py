@@ -14,6 +14,7 @@ tiny model's generation did. Outside ``async with`` each call opens its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import time
 from typing import Any
@@ -22,11 +23,14 @@ import aiohttp
 import orjson
 
 from elastic_rl.engines import load_metrics
+from elastic_rl.engines.streaming import Received, event_data
 from elastic_rl.errors import EngineError, EngineRejected
 from elastic_rl.retry import with_retries
 from policies.engine_health import EngineLoad
 
 DEFAULT_TIMEOUT_S = 600.0
+CONNECT_TIMEOUT_S = 10.0
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class _Retryable(Exception):
@@ -78,7 +82,7 @@ class EngineClient:
 
     async def _once(self, method: str, url: str, body: dict[str, Any] | None, timeout: aiohttp.ClientTimeout) -> Any:
         data = orjson.dumps(body) if body is not None else None
-        headers = {"Content-Type": "application/json"} if body is not None else None
+        headers = JSON_HEADERS if body is not None else None
         try:
             if self._session is not None:
                 raw, response = await self._send(self._session, method, url, data, headers, timeout)
@@ -127,6 +131,43 @@ class EngineClient:
         if rid is not None:
             body["rid"] = rid
         return await self._call("POST", "/generate", body)
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling_params: dict[str, Any], received: Received, rid: str | None = None
+    ) -> dict[str, Any]:
+        """``/generate`` streamed, with log probs: each token goes into ``received`` as it arrives, and what
+        arrived stays there if the stream breaks (EngineError) or is refused (EngineRejected). Returns the
+        answer ``generate`` would have. One attempt: a retry would start the request over."""
+        body: dict[str, Any] = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params,
+            "return_logprob": True,
+            "stream": True,
+        }
+        if rid is not None:
+            body["rid"] = rid
+        url = f"{self.base_url}/generate"
+        # However long a request runs, a chunk comes with each token: a silence this long is a failure.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=self.timeout_s)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                session = self._session or await stack.enter_async_context(aiohttp.ClientSession())
+                response = await stack.enter_async_context(
+                    session.post(url, data=orjson.dumps(body), headers=JSON_HEADERS, timeout=timeout)
+                )
+                if response.status >= 400:
+                    raw = (await response.read())[:500].decode(errors="replace")
+                    error = EngineRejected if response.status < 500 else EngineError
+                    raise error(f"POST {url}: HTTP {response.status}: {raw}")
+                async for line in response.content:
+                    chunk = event_data(line)
+                    if chunk is not None:
+                        received.add(chunk)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise EngineError(f"POST {url}: the stream broke after {len(received.output_ids)} tokens: {exc!r}") from exc
+        if not received.finished:
+            raise EngineError(f"POST {url}: the stream ended after {len(received.output_ids)} tokens, unfinished")
+        return received.answer()
 
     async def health(self, timeout_s: float = 5.0) -> bool:
         return await self._probe("/health", timeout_s)

@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from elastic_rl.engines.decoders import BatchedDecoder, Decoder, InvariantDecoder, SoloDecoder, batch_invariant
-from elastic_rl.engines.sampling import InvalidRequest, SamplingParams, choose_next_token
+from elastic_rl.engines.decoders import BatchedDecoder, Decoder, InvariantDecoder, SoloDecoder, invariant_floor
+from elastic_rl.engines.sampling import InvalidRequest, SamplingParams, choose_next_token, position_generator
 
 log = logging.getLogger("elastic_rl.engines.cpu_engine")
 
@@ -42,13 +43,14 @@ class GenerationRequest:
     rid: str
     input_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator
     return_logprob: bool
     done: asyncio.Future
     started: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     abort_requested: bool = False
+    advanced: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set whenever the request has a new token or has ended; a stream clears it as it reads."""
 
     def token_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
@@ -56,6 +58,16 @@ class GenerationRequest:
 
 def finish_reason(kind: str, **details: Any) -> dict[str, Any]:
     return {"type": kind, **details}
+
+
+def _incremental(chunk: dict[str, Any], sent_tokens: int, sent_text: str) -> dict[str, Any]:
+    """A cumulative chunk cut to what came after the first ``sent_tokens`` tokens and ``sent_text``
+    (SGLang's --incremental-streaming-output)."""
+    meta = dict(chunk["meta_info"])
+    if "output_token_logprobs" in meta:
+        meta["output_token_logprobs"] = meta["output_token_logprobs"][sent_tokens:]
+    text = chunk["text"][len(sent_text) :] if chunk["text"].startswith(sent_text) else chunk["text"]
+    return {**chunk, "text": text, "output_ids": chunk["output_ids"][sent_tokens:], "meta_info": meta}
 
 
 def end_of_sequence_ids(model_path: Path, tokenizer) -> set[int]:
@@ -98,8 +110,9 @@ class CpuEngine:
     def _decoder(self, deterministic: bool, pad: int) -> Decoder:
         if not deterministic:
             return BatchedDecoder(self.model, pad)
-        if batch_invariant(self.model, self.max_batch_size):
-            return InvariantDecoder(self.model)
+        floor = invariant_floor(self.model, self.max_batch_size)
+        if floor is not None:
+            return InvariantDecoder(self.model, floor, self.max_batch_size)
         log.warning(
             "this machine's matrix products depend on the batch: deterministic mode decodes one sequence at a time"
         )
@@ -117,15 +130,10 @@ class CpuEngine:
             raise InvalidRequest(
                 f"input_ids: prompt of {len(input_ids)} tokens leaves no room in the context of {self.context_length}"
             )
-        params = SamplingParams.from_json(body.get("sampling_params"))
-        generator = self._unseeded
-        if params.seed is not None:
-            generator = torch.Generator().manual_seed(params.seed)
         return GenerationRequest(
             rid=rid or uuid.uuid4().hex,
             input_ids=list(input_ids),
-            params=params,
-            generator=generator,
+            params=SamplingParams.from_json(body.get("sampling_params")),
             return_logprob=bool(body.get("return_logprob", False)),
             done=asyncio.get_running_loop().create_future(),
         )
@@ -138,12 +146,40 @@ class CpuEngine:
         try:
             return await asyncio.shield(request.done)
         except asyncio.CancelledError:
-            # The client went away: stop spending compute on it.
-            request.abort_requested = True
-            self._sweep_aborted()
+            self._abort_for_a_client_gone(request)
             raise
 
-    def _result(self, request: GenerationRequest, reason: dict[str, Any]) -> dict[str, Any]:
+    async def stream(self, request: GenerationRequest, incremental: bool) -> AsyncIterator[dict[str, Any]]:
+        """The request's answer as it is generated, as SGLang streams it: a chunk for each step that gave it
+        a token, then the final one (with its finish reason). A chunk holds everything so far, or with
+        ``incremental`` the new tokens, their log probs and text only; ``completion_tokens`` counts all."""
+        if request.params.max_new_tokens == 0:
+            yield self._result(request, finish_reason("length", length=0))
+            return
+        self.waiting.append(request)
+        self._wakeup.set()
+        sent_tokens, sent_text = 0, ""
+        try:
+            while True:
+                await request.advanced.wait()
+                request.advanced.clear()
+                ended = request.done.done()
+                chunk = request.done.result() if ended else self._result(request, None)
+                if ended or len(request.output_ids) > sent_tokens:
+                    yield _incremental(chunk, sent_tokens, sent_text) if incremental else chunk
+                    sent_tokens, sent_text = len(chunk["output_ids"]), chunk["text"]
+                if ended:
+                    return
+        except (asyncio.CancelledError, GeneratorExit, ConnectionError):
+            self._abort_for_a_client_gone(request)
+            raise
+
+    def _abort_for_a_client_gone(self, request: GenerationRequest) -> None:
+        """The client went away: stop spending compute on its request."""
+        request.abort_requested = True
+        self._sweep_aborted()
+
+    def _result(self, request: GenerationRequest, reason: dict[str, Any] | None) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "id": request.rid,
             "finish_reason": reason,
@@ -158,7 +194,7 @@ class CpuEngine:
                 [logprob, token, None] for logprob, token in zip(request.logprobs, request.output_ids)
             ]
         text = self.tokenizer.decode(request.output_ids, skip_special_tokens=True)
-        if isinstance(reason.get("matched"), str):
+        if reason is not None and isinstance(reason.get("matched"), str):
             # As SGLang: the text ends before the stop string; output_ids keep every generated token.
             text = text[: text.find(reason["matched"])]
         return {"text": text, "output_ids": list(request.output_ids), "meta_info": meta}
@@ -167,6 +203,7 @@ class CpuEngine:
         if not request.done.done():
             self.finished_requests += 1
             request.done.set_result(self._result(request, reason))
+            request.advanced.set()
 
     # --- aborts and pauses -------------------------------------------------
 
@@ -258,8 +295,11 @@ class CpuEngine:
                     self.running.remove(request)
                     if not request.done.done():
                         request.done.set_exception(exc)
+                        request.advanced.set()
             finally:
                 self.stepping = False
+            for request in batch:
+                request.advanced.set()
             self._retire(batch)
             self._sweep_aborted()
             self._step_finished.set()
@@ -271,7 +311,10 @@ class CpuEngine:
     @torch.inference_mode()
     def _step(self, batch: list[GenerationRequest]) -> None:
         for request, logits in self.decoder.step(batch).items():
-            token, logprob = choose_next_token(logits, request.params, request.generator)
+            seed = request.params.seed
+            # A seeded token depends on (seed, position) alone, so a continuation elsewhere draws the same.
+            generator = self._unseeded if seed is None else position_generator(seed, len(request.token_ids()) - 1)
+            token, logprob = choose_next_token(logits, request.params, generator)
             request.output_ids.append(token)
             request.logprobs.append(logprob)
             self.generated_tokens += 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -81,7 +82,26 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def build_app(engine: CpuEngine, server_args: dict[str, Any]) -> web.Application:
+async def _stream(request: web.Request, chunks) -> web.StreamResponse:
+    """Server-sent events as SGLang sends them: ``data: <chunk>`` per chunk, an error as a chunk of its
+    own, then ``data: [DONE]``."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    # Closing the chunks (also when the client went away and a write fails) aborts an unfinished request.
+    async with contextlib.aclosing(chunks):
+        try:
+            async for chunk in chunks:
+                await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        except ConnectionError:
+            raise
+        except Exception as exc:  # a failed decode step fails its requests, not the server
+            await response.write(b"data: " + orjson.dumps({"error": {"message": str(exc)}}) + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def build_app(engine: CpuEngine, server_args: dict[str, Any], incremental_streaming: bool = False) -> web.Application:
     routes = web.RouteTableDef()
 
     @routes.post("/generate")
@@ -93,10 +113,15 @@ def build_app(engine: CpuEngine, server_args: dict[str, Any]) -> web.Application
         if not isinstance(input_ids, list):
             raise InvalidRequest("input_ids: give a list of token ids (or a list of such lists)")
         if input_ids and isinstance(input_ids[0], list):
+            if body.get("stream"):
+                raise InvalidRequest("stream: give one prompt per streamed request, not a list of them")
             rids = rid if isinstance(rid, list) else [None] * len(input_ids)
             requests = [engine.make_request(body, ids, r) for ids, r in zip(input_ids, rids)]
             return _json(list(await asyncio.gather(*(engine.generate(r) for r in requests))))
-        return _json(await engine.generate(engine.make_request(body, input_ids, rid)))
+        generation = engine.make_request(body, input_ids, rid)
+        if body.get("stream"):
+            return await _stream(request, engine.stream(generation, incremental_streaming))
+        return _json(await engine.generate(generation))
 
     @routes.get("/health")
     async def health(request: web.Request) -> web.Response:
@@ -230,6 +255,11 @@ def main(argv: list[str] | None = None) -> None:
         help="wait up to S seconds for --model-path to appear (it may still be being written)",
     )
     parser.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="a streamed chunk holds the new tokens only, not everything so far (SGLang's flag)",
+    )
+    parser.add_argument(
         "--enable-deterministic-inference",
         action="store_true",
         help="results independent of batching: one forward pass per sequence",
@@ -253,11 +283,12 @@ def main(argv: list[str] | None = None) -> None:
         "max_batch_size": args.max_batch_size,
         "context_length": engine.context_length,
         "enable_deterministic_inference": engine.deterministic,
+        "incremental_streaming_output": args.incremental_streaming_output,
     }
     log.info("serving %s on http://%s:%d", args.model_path, args.host, args.port)
     logging.getLogger("aiohttp.server").addFilter(RouterProbeFilter())
     web.run_app(
-        build_app(engine, server_args),
+        build_app(engine, server_args, args.incremental_streaming_output),
         host=args.host,
         port=args.port,
         print=None,

@@ -9,15 +9,15 @@ returns the next-token logits of some of them:
   tensor per layer; a decode step runs one forward over every running
   sequence. Sequences leave between steps (their cache rows are dropped, and
   padding columns no row needs any more are trimmed).
-- ``InvariantDecoder``: deterministic inference, batched. Each sequence has
-  its own cache and its own prefill and attention, and the decode step's
-  matrix products run over every sequence at once with at least
-  ``MIN_ROWS`` rows: at a fixed kernel choice a row's product does not depend
-  on the other rows, so a sequence's tokens and log probabilities do not
-  depend on what else is being served. That property of the machine's matrix
-  library is checked when the decoder is made (``batch_invariant``).
+- ``InvariantDecoder``: deterministic inference, batched. Every token is a
+  row: each sequence has its own cache and attention, and the matrix
+  products run over the step's rows at once, at least a floor's worth of
+  rows: past that floor a row's product does not depend on the other rows,
+  so a sequence's tokens and log probabilities do not depend on what else is
+  being served, nor on whether its prefix was prefilled or decoded. The floor
+  is found when the decoder is made (``invariant_floor``).
 - ``SoloDecoder``: deterministic inference where that check fails: each
-  sequence its own forward passes, one at a time.
+  sequence its own forward passes, one token at a time.
 
 A sequence is its token ids so far (prompt and output); the last one, just
 sampled, is not in the cache yet. Weights changing invalidates every cache
@@ -38,9 +38,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 log = logging.getLogger("elastic_rl.engines.decoders")
 
-# From 4 rows on, this machine's matrix library picks one kernel and gives every row the same
-# bits whatever the other rows hold (1 to 3 rows take other kernels); checked by batch_invariant.
-MIN_ROWS = 4
+# The row counts tried as the floor of a deterministic step (``invariant_floor``), fewest first.
+FLOOR_CANDIDATES = (4, 8, 16, 32)
 
 
 class Tokens(Protocol):
@@ -175,16 +174,14 @@ class SoloDecoder:
         return {sequence: self._next(sequence) for sequence in sequences}
 
     def _next(self, sequence: Tokens) -> torch.Tensor:
+        """One forward per token not yet in the cache, a prompt's too: a prefix is computed as its
+        decode steps were, so a continuation gets the bits the uninterrupted request had."""
         ids = sequence.token_ids()
-        cache = self.caches.get(sequence)
-        if cache is None:
-            cache = self.caches[sequence] = DynamicCache()
-            tokens = torch.tensor([ids])
-            positions = torch.arange(len(ids)).unsqueeze(0)
-        else:
-            tokens = torch.tensor([[ids[-1]]])
-            positions = torch.tensor([[len(ids) - 1]])
-        return _forward(self.model, tokens, None, positions, cache)[0]
+        cache = self.caches.setdefault(sequence, DynamicCache())
+        for position in range(cache.get_seq_length(), len(ids)):
+            tokens = torch.tensor([[ids[position]]])
+            logits = _forward(self.model, tokens, None, torch.tensor([[position]]), cache)
+        return logits[0]
 
     def drop(self, sequences: Iterable[Tokens]) -> None:
         for sequence in sequences:
@@ -194,60 +191,103 @@ class SoloDecoder:
         self.caches.clear()
 
 
-def batch_invariant(model: PreTrainedModel, max_rows: int) -> bool:
-    """Whether each linear layer gives a row the same bits at MIN_ROWS rows and at ``max_rows``
-    rows, wherever the row sits and whatever the others hold."""
+def invariant_floor(model: PreTrainedModel, max_rows: int) -> int | None:
+    """The fewest rows from which every linear layer gives a row the same bits at any row count up to
+    ``max_rows``, wherever the row sits and whatever the others hold; None if no candidate has that.
+
+    A matrix library picks its kernel by the row count: on this machine's, 1 row, 2 to 15 and 16 on up
+    are three kernels for SmolLM2's shapes (for a 128-wide input, 2 to 5 and 6 on up). Counts within a
+    kernel's range agree bit for bit; a step padded to the floor stays in the last range.
+    """
     generator = torch.Generator().manual_seed(0)
-    shapes = {m.weight.shape for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    rows = max(max_rows, MIN_ROWS + 1)
+    shapes = sorted({m.weight.shape for m in model.modules() if isinstance(m, torch.nn.Linear)})
+    weights = [torch.randn(out_features, in_features, generator=generator) for out_features, in_features in shapes]
     with torch.inference_mode():
-        for out_features, in_features in shapes:
-            weight = torch.randn(out_features, in_features, generator=generator)
-            inputs = torch.randn(rows, in_features, generator=generator)
-            alone = F.linear(inputs[:MIN_ROWS], weight)[0]
-            crowded = inputs.flip(0)
-            if not torch.equal(F.linear(crowded, weight)[-1], alone):
-                return False
-    return True
+        for floor in FLOOR_CANDIDATES:
+            most = max(max_rows, floor)
+            counts = sorted({count for count in (floor, floor + 1, 2 * floor, 3 * floor + 1, most) if count <= most})
+            if all(_rows_agree(weight, counts, generator) for weight in weights):
+                return floor
+    return None
+
+
+def _rows_agree(weight: torch.Tensor, counts: list[int], generator: torch.Generator) -> bool:
+    """Whether one row's product has the same bits first among ``counts[0]`` rows and last among each count."""
+    inputs = torch.randn(counts[0] + counts[-1], weight.shape[1], generator=generator)
+    alone = F.linear(inputs[: counts[0]], weight)[0]
+    return all(
+        torch.equal(F.linear(torch.cat([inputs[counts[0] : counts[0] + count - 1], inputs[:1]]), weight)[-1], alone)
+        for count in counts
+    )
+
+
+class _LayerCache:
+    """One sequence's keys and values in one layer, position-major ([capacity, kv heads, head dim]) so that
+    the first n positions are one contiguous block whatever the capacity."""
+
+    def __init__(self, like: torch.Tensor):
+        self.keys = like.new_empty((16, *like.shape))
+        self.values = like.new_empty((16, *like.shape))
+        self.length = 0
+
+    def append(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        if self.length == self.keys.shape[0]:
+            self.keys = torch.cat([self.keys, torch.empty_like(self.keys)])
+            self.values = torch.cat([self.values, torch.empty_like(self.values)])
+        self.keys[self.length] = key
+        self.values[self.length] = value
+        self.length += 1
+
+    def window(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values so far as attention takes them: [kv heads, length, head dim]."""
+        return self.keys[: self.length].transpose(0, 1), self.values[: self.length].transpose(0, 1)
 
 
 class InvariantDecoder:
-    def __init__(self, model: PreTrainedModel):
+    """Every token, a prompt's as well as a generated one, is a row of the same computation: the
+    projections and the MLP batched over the step's rows (between ``floor`` and ``max_rows`` of them,
+    where ``invariant_floor`` showed a row's bits do not depend on the others), attention one row at a
+    time over its own sequence's cache. A prefix prefilled on one engine so gives the bits its decode
+    steps gave on another: a request continued from its tokens so far goes on exactly as it would have."""
+
+    def __init__(self, model: PreTrainedModel, floor: int, max_rows: int):
         self.model = model
         self.core = model.model
-        self.caches: dict[Tokens, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        """Per sequence, per layer: keys and values [kv heads, length, head dim]."""
+        self.floor = floor
+        self.max_rows = max(max_rows, floor)
+        self.caches: dict[Tokens, list[_LayerCache]] = {}
 
     def step(self, sequences: Sequence[Tokens]) -> dict[Tokens, torch.Tensor]:
-        joining = [s for s in sequences if s not in self.caches]
-        if joining:
-            return {sequence: self._prefill(sequence) for sequence in joining}
-        return self._decode(list(sequences))
+        rows: list[tuple[Tokens, int, int]] = []  # (sequence, position, token id): what is not cached yet
+        for sequence in sequences:
+            ids = sequence.token_ids()
+            cached = self.caches[sequence][0].length if sequence in self.caches else 0
+            rows += [(sequence, position, ids[position]) for position in range(cached, len(ids))]
+        logits: dict[Tokens, torch.Tensor] = {}
+        for start in range(0, len(rows), self.max_rows):
+            logits.update(self._forward(rows[start : start + self.max_rows]))
+        return logits
 
-    def _prefill(self, sequence: Tokens) -> torch.Tensor:
-        ids = sequence.token_ids()
-        cache = DynamicCache()
-        logits = _forward(self.model, torch.tensor([ids]), None, torch.arange(len(ids)).unsqueeze(0), cache)
-        self.caches[sequence] = [(k[0], v[0]) for k, v in _kv(cache)]
-        return logits[0]
-
-    def _decode(self, rows: list[Tokens]) -> dict[Tokens, torch.Tensor]:
-        if not rows:
-            return {}
-        padding = max(0, MIN_ROWS - len(rows))
-        last = torch.tensor([s.token_ids()[-1] for s in rows] + [0] * padding)
-        positions = torch.tensor([len(s.token_ids()) - 1 for s in rows] + [0] * padding)
-        hidden = self.core.embed_tokens(last)
+    def _forward(self, rows: list[tuple[Tokens, int, int]]) -> dict[Tokens, torch.Tensor]:
+        """The rows through every layer, in order; the logits after each sequence's last row."""
+        padding = max(0, self.floor - len(rows))
+        tokens = torch.tensor([token for _, _, token in rows] + [0] * padding)
+        positions = torch.tensor([position for _, position, _ in rows] + [0] * padding)
+        hidden = self.core.embed_tokens(tokens)
         cos, sin = self.core.rotary_emb(hidden, positions)
         for index, layer in enumerate(self.core.layers):
             attention = self._attention(layer.self_attn, layer.input_layernorm(hidden), cos, sin, rows, index)
             hidden = hidden + attention
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        logits = self.model.lm_head(self.core.norm(hidden)).float()
-        return dict(zip(rows, logits))
+        last = {sequence: row for row, (sequence, _, _) in enumerate(rows)}  # a sequence's rows are in order
+        picked = list(last.values())
+        picked += [picked[0]] * max(0, self.floor - len(picked))
+        logits = self.model.lm_head(self.core.norm(hidden[picked])).float()
+        return dict(zip(last, logits))
 
-    def _attention(self, attn, x: torch.Tensor, cos, sin, rows: list[Tokens], layer: int) -> torch.Tensor:
-        """Self-attention of one new token per row: projections batched, attention per sequence."""
+    def _attention(self, attn, x: torch.Tensor, cos, sin, rows: list[tuple[Tokens, int, int]], layer: int):
+        """Self-attention of the rows: projections batched, attention one row at a time over the keys and
+        values of its sequence up to its position."""
         count, head_dim = x.shape[0], attn.head_dim
         q = attn.q_proj(x).view(count, -1, head_dim)
         k = attn.k_proj(x).view(count, -1, head_dim)
@@ -256,11 +296,12 @@ class InvariantDecoder:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
         out = torch.zeros_like(q)
-        for row, sequence in enumerate(rows):
-            keys, values = self.caches[sequence][layer]
-            keys = torch.cat([keys, k[row].unsqueeze(1)], dim=1)
-            values = torch.cat([values, v[row].unsqueeze(1)], dim=1)
-            self.caches[sequence][layer] = (keys, values)
+        for row, (sequence, _, _) in enumerate(rows):
+            if sequence not in self.caches:
+                self.caches[sequence] = [_LayerCache(k[row]) for _ in self.core.layers]
+            cache = self.caches[sequence][layer]
+            cache.append(k[row], v[row])
+            keys, values = cache.window()
             out[row] = F.scaled_dot_product_attention(
                 q[row].unsqueeze(1), keys, values, scale=attn.scaling, enable_gqa=True
             ).squeeze(1)

@@ -29,7 +29,10 @@ def engine_command(
     host: str = "127.0.0.1",
     weight_version: str = "0",
     deterministic: bool = False,
+    incremental_streaming: bool = False,
 ) -> list[str]:
+    """``incremental_streaming``: a cpu engine's streamed chunks hold only the new tokens (SGLang's
+    --incremental-streaming-output, which older SGLang releases lack: give it in extra_args there)."""
     determinism = ["--enable-deterministic-inference"] if deterministic else []
     if spec.kind == "cpu":
         return [
@@ -48,6 +51,7 @@ def engine_command(
             "--wait-for-model",
             str(spec.startup_timeout_s),
             *determinism,
+            *(["--incremental-streaming-output"] if incremental_streaming else []),
         ]
     command = [
         sys.executable,

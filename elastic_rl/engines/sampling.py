@@ -5,11 +5,17 @@ the offending key on error. ``choose_next_token`` turns one row of logits into a
 token and its log probability. The log probability is taken under the
 temperature-scaled distribution before top-k/top-p truncation, the distribution
 the trainer recomputes; at temperature 0 it is that of the raw logits.
+
+A seeded request draws the token at each position from a generator keyed by
+(seed, position) alone (``position_generator``), as SGLang's deterministic
+sampling hashes (seed, position): a request continued from some of its tokens
+on another engine draws what the uninterrupted one would have.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +87,13 @@ def _truncate(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         drop = (probs.cumsum(-1) - probs) >= top_p
         logits = logits.masked_fill(drop.scatter(0, order, drop), float("-inf"))
     return logits
+
+
+def position_generator(seed: int, position: int) -> torch.Generator:
+    """The generator that draws a seeded request's token after ``position`` (the index, prompt included, of
+    the last token the logits were computed at): the same for the same seed and position in any process."""
+    digest = hashlib.blake2b(f"{seed}/{position}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little"))
 
 
 def choose_next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, float]:

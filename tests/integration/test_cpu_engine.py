@@ -1,5 +1,6 @@
-"""The cpu engine on SmolLM2-135M-Instruct: its log probabilities are the model's, and in deterministic
-mode a seeded request's tokens do not depend on what else the engine serves."""
+"""The cpu engine on SmolLM2-135M-Instruct, as erld starts it (streaming incrementally): its log
+probabilities are the model's, and in deterministic mode a seeded request's tokens do not depend on what
+else the engine serves, nor on whether it was continued from some of its tokens."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.launcher import engine_command
+from elastic_rl.engines.streaming import Received
 from elastic_rl.net import free_port
 from elastic_rl.spec.engines import EnginesSpec
 from tests.processes import SMOLLM2, Server
@@ -26,7 +28,9 @@ PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [900, 901], [42] * 17, [3000, 7, 7, 
 def smollm2_engine(request, tmp_path_factory):
     assert (SMOLLM2 / "config.json").is_file(), f"{SMOLLM2} is missing: run `make models`"
     port = free_port()
-    command = engine_command(EnginesSpec(kind="cpu"), SMOLLM2, port, deterministic=request.param)
+    command = engine_command(
+        EnginesSpec(kind="cpu"), SMOLLM2, port, deterministic=request.param, incremental_streaming=True
+    )
     log = open(tmp_path_factory.mktemp("logs") / "engine.log", "wb")
     server = Server(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), port)
     try:
@@ -74,3 +78,27 @@ def test_deterministic_tokens_do_not_depend_on_the_other_requests(smollm2_engine
     crowded = generate_all(client, PROMPTS * 2, seeds=[9, 5, 6, 7, 8, 10, 11, 12])[0]
     assert crowded["output_ids"] == alone["output_ids"]
     assert crowded["meta_info"]["output_token_logprobs"] == alone["meta_info"]["output_token_logprobs"]
+
+
+@pytest.mark.parametrize("smollm2_engine", [True], ids=["deterministic"], indirect=True)
+def test_a_stream_cut_anywhere_continues_as_the_uninterrupted_request(smollm2_engine):
+    """Streamed incrementally, the chunks add up to the unstreamed answer; the same request continued from
+    its first tokens (on a busy engine) gives the rest, bit for bit."""
+    client, _ = smollm2_engine
+    params = {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 21}
+    (whole,) = generate_all(client, PROMPTS[:1], seeds=[21], tokens=16)
+    received = Received()
+    asyncio.run(client.generate_stream(PROMPTS[0], params, received))
+    assert received.output_ids == whole["output_ids"]
+    assert received.logprobs == [entry[0] for entry in whole["meta_info"]["output_token_logprobs"]]
+
+    async def continued(cut: int) -> dict:
+        rest = {**params, "max_new_tokens": 16 - cut}
+        others = [client.generate(p, {**params, "sampling_seed": 3}) for p in PROMPTS[1:]]
+        answers = await asyncio.gather(client.generate(PROMPTS[0] + whole["output_ids"][:cut], rest), *others)
+        return answers[0]
+
+    for cut in (1, 7, 15):
+        rest = asyncio.run(continued(cut))
+        assert rest["output_ids"] == whole["output_ids"][cut:]
+        assert rest["meta_info"]["output_token_logprobs"] == whole["meta_info"]["output_token_logprobs"][cut:]

@@ -18,9 +18,12 @@ import os
 import time
 from pathlib import Path
 
+import aiohttp
+import orjson
 import pytest
 
 from elastic_rl.engines.client import EngineClient
+from elastic_rl.engines.streaming import Received
 from elastic_rl.errors import EngineError
 from tests.processes import cpu_engines
 
@@ -166,6 +169,61 @@ def test_a_request_whose_client_went_away_is_aborted(engine):
         return False
 
     assert run(scenario()), "the engine still holds the request of a client that went away"
+
+
+async def _raw_stream(client: EngineClient, params: dict) -> list[bytes]:
+    """The ``data:`` lines of a streamed /generate, as the server sent them."""
+    body = {"input_ids": PROMPT, "sampling_params": params, "return_logprob": True, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{client.base_url}/generate", data=orjson.dumps(body)) as response:
+            assert response.status == 200
+            return [line.strip() for line in [raw async for raw in response.content] if line.startswith(b"data:")]
+
+
+def test_a_streamed_request_sends_everything_so_far_in_each_chunk(engine):
+    """SGLang's default (without --incremental-streaming-output): every chunk holds all the tokens so far
+    and their log probs, completion_tokens counts them, the last says how the request ended, and
+    ``data: [DONE]`` closes the stream. The streamed tokens are those of the same request unstreamed."""
+    client, _, deterministic = engine
+    params = {"max_new_tokens": 8, "ignore_eos": True, "temperature": 1.0, "sampling_seed": 11}
+    lines = run(_raw_stream(client, params))
+    assert lines[-1] == b"data: [DONE]"
+    chunks = [orjson.loads(line[len(b"data:") :]) for line in lines[:-1]]
+    counts = [chunk["meta_info"]["completion_tokens"] for chunk in chunks]
+    assert counts == sorted(counts) and counts[-1] == 8 and len(chunks) >= 2
+    for chunk in chunks:
+        meta = chunk["meta_info"]
+        assert len(chunk["output_ids"]) == meta["completion_tokens"] == len(meta["output_token_logprobs"])
+        assert chunk["output_ids"] == chunks[-1]["output_ids"][: meta["completion_tokens"]]
+    assert all(chunk["meta_info"]["finish_reason"] is None for chunk in chunks[:-1])
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    received = Received()
+    answer = run(client.generate_stream(PROMPT, params, received))
+    assert answer["output_ids"] == received.output_ids and len(received.logprobs) == 8
+    if deterministic:
+        whole = run(client.generate(PROMPT, params))
+        assert received.output_ids == whole["output_ids"] == chunks[-1]["output_ids"]
+
+
+def test_a_streamed_request_whose_client_went_away_is_aborted(engine):
+    """A stream its reader drops (the orchestrator or the router, killed mid-rollout) is aborted."""
+    client, _, _ = engine
+
+    async def scenario():
+        received = Received()
+        task = asyncio.create_task(client.generate_stream(PROMPT, LONG, received))
+        await _wait_running(client, task)
+        assert received.output_ids, "no token streamed yet"
+        task.cancel()  # closes the connection
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            load = await client.load()
+            if load is not None and not load.holding_work:
+                return True
+            await asyncio.sleep(0.2)
+        return False
+
+    assert run(scenario()), "the engine still holds the streamed request of a client that went away"
 
 
 def test_pause_in_place_then_continue(engine):

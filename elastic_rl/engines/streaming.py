@@ -1,0 +1,77 @@
+"""A streamed ``/generate`` answer, put together as its chunks arrive.
+
+SGLang streams server-sent events: a ``data: <json>`` line per chunk, then
+``data: [DONE]``. By default a chunk holds everything generated so far; with
+``--incremental-streaming-output`` only what is new (and, in SGLang before
+its fix of March 2026, the log probs still whole). In both, a chunk's
+``meta_info.completion_tokens`` counts every token so far, so the new tokens
+are the last ``completion_tokens - received`` of its ``output_ids`` and log
+probs: ``Received.add`` reads either kind the same way. What has arrived is
+kept when the stream breaks: the caller continues the request from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from elastic_rl.errors import EngineError
+
+DONE = b"[DONE]"
+
+
+@dataclass
+class Received:
+    """The tokens of one streamed request so far, and the newest chunk's meta_info."""
+
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        """The engine said how the request ended (stop, length or abort)."""
+        return self.meta.get("finish_reason") is not None
+
+    def add(self, chunk: dict[str, Any]) -> int:
+        """Take one chunk; returns how many tokens it added. Raises EngineError for an error chunk or one
+        that does not add up (fewer tokens than it claims)."""
+        if "error" in chunk:
+            raise EngineError(f"the engine failed the request mid-stream: {chunk['error']}")
+        meta = chunk["meta_info"]
+        new = meta["completion_tokens"] - len(self.output_ids)
+        entries = meta.get("output_token_logprobs")
+        if new > len(chunk["output_ids"]) or (entries is not None and new > len(entries)):
+            raise EngineError(
+                f"a streamed chunk counts {meta['completion_tokens']} tokens, {len(self.output_ids)} received "
+                f"before, but holds {len(chunk['output_ids'])}"
+            )
+        if new > 0:
+            self.output_ids += chunk["output_ids"][-new:]
+            if entries is not None:
+                self.logprobs += [entry[0] for entry in entries[-new:]]
+        self.meta = meta
+        return max(new, 0)
+
+    def answer(self) -> dict[str, Any]:
+        """What ``/generate`` would have answered without streaming (less the text)."""
+        meta = dict(self.meta)
+        if "output_token_logprobs" in meta:
+            meta["output_token_logprobs"] = [[lp, token, None] for lp, token in zip(self.logprobs, self.output_ids)]
+        return {"output_ids": list(self.output_ids), "meta_info": meta}
+
+
+def event_data(line: bytes) -> dict[str, Any] | None:
+    """The chunk a ``data:`` line holds; None for any other line, and for ``[DONE]``."""
+    line = line.strip()
+    if not line.startswith(b"data:"):
+        return None
+    payload = line[len(b"data:") :].strip()
+    if payload == DONE:
+        return None
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise EngineError(f"a streamed chunk is not JSON: {payload[:200]!r}") from exc
