@@ -14,7 +14,13 @@ the same spec and returns one ``Check`` per invariant:
 5. the final weights equal the reference's, bitwise or within the stated tolerance;
 6. no sample generated with weights staler than the spec allows (none in sync
    mode without a buffer, else rollout.max_staleness);
-7. the job ended, and a job that did not succeed says why.
+7. the job ended, and a job that did not succeed says why;
+8. no token generated twice: no token the orchestrator received came a second
+   time (``rollout/regenerated_tokens``), and where an orchestrator died, its
+   successor regenerated at most about a persist interval's tokens for each
+   death: what the engines generated in all (their own counts, kept by erld:
+   ``engines.token_ledger``) less the reference's, where both runs draw the
+   same tokens (deterministic, no partial rollout).
 
 The run must keep its whole rollout log and every snapshot (the harness sets
 ``checkpoints.keep_last`` high).
@@ -33,6 +39,7 @@ from checkpoints import layout
 from checkpoints.discovery import valid_steps
 from checkpoints.manifest import read_manifest
 from checkpoints.rollout_log import BATCH_FILE
+from elastic_rl.engines import token_ledger
 from elastic_rl.spec.job import JobSpec
 
 
@@ -195,6 +202,31 @@ def check_staleness(run: Path, spec: JobSpec) -> Check:
     return Check("no sample staler than the bound", True, f"every sample at most {bound} version(s) behind")
 
 
+ORCHESTRATOR_DEATH_SLACK = 2.0
+"""A dead orchestrator's successor regenerates what arrived after the last persist, plus what the engines
+made before they saw its requests go: up to about twice a persist interval's worth."""
+
+
+def check_tokens_once(run: Path, reference: Path, spec: JobSpec, events: list[dict]) -> Check:
+    name = "no token generated twice"
+    lines = jsonl(layout.metrics_lines_path(run))
+    twice = sum(int(line.get("rollout/regenerated_tokens", 0)) for line in lines)
+    if twice:
+        return Check(name, False, f"{twice} tokens received for a position that had arrived before")
+    starts = [e for e in events if e.get("proc") == "orchestrator" and e["kind"] in ("proc_restarted", "proc_started")]
+    comparable = spec.rollout.deterministic and not spec.rollout.partial_rollout
+    if not starts or not comparable or not layout.engine_tokens_files(reference):
+        return Check(name, True, "no token received twice")
+    extra = token_ledger.total(run) - token_ledger.total(reference)
+    rate = max(line.get("perf/generated_tokens_per_sec", 0.0) for line in lines)
+    allowed = len(starts) * spec.rollout.inflight_persist_interval_s * rate * ORCHESTRATOR_DEATH_SLACK
+    detail = (
+        f"no token received twice; across {len(starts)} orchestrator restart(s) the engines generated {extra} "
+        f"tokens more than the reference (at most {allowed:.0f})"
+    )
+    return Check(name, extra <= allowed, detail)
+
+
 def check_terminal(status: dict) -> Check:
     phase, reason = status.get("phase"), status.get("reason", "")
     if phase == "succeeded":
@@ -217,4 +249,5 @@ def check_run(run: Path, reference: Path, status: dict, tolerance: float | None)
         check_snapshots(run, events),
         check_weights(run, reference, spec, tolerance),
         check_staleness(run, spec),
+        check_tokens_once(run, reference, spec, events),
     ]

@@ -8,6 +8,8 @@ in a work dir is named here, and nowhere else:
     metrics.jsonl             one line per trained rollout
     logs/<proc>.log           each process's output
     rollouts/<N>/             the rollout log (checkpoints.rollout_log)
+    rollouts/inflight-<N>.jsonl   what rollout N has generated before its commit (checkpoints.inflight_log)
+    engine_tokens/<node>.json     each engine's generated-token counter as erld last read it
     quarantine/rollout-<N>.json   rollouts the NaN guard set aside
     snapshots/<step>/         DCP snapshots (checkpoints.snapshot)
     weights/<version>/        HF weights for the engines
@@ -86,6 +88,18 @@ def committed_rollouts(workdir: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / META_FILE).is_file())
 
 
+def inflight_path(workdir: Path, rollout_id: int) -> Path:
+    return workdir / "rollouts" / f"inflight-{rollout_id:06d}.jsonl"
+
+
+def inflight_rollouts(workdir: Path) -> list[int]:
+    """Ids of the rollouts with an in-flight log."""
+    folder = workdir / "rollouts"
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.stem.removeprefix("inflight-")) for p in folder.glob("inflight-*.jsonl"))
+
+
 def quarantine_path(workdir: Path, rollout_id: int) -> Path:
     return workdir / "quarantine" / f"rollout-{rollout_id:06d}.json"
 
@@ -125,6 +139,16 @@ def weights_versions(workdir: Path) -> list[int]:
 
 def latest_weights_version(workdir: Path) -> int | None:
     return max(weights_versions(workdir), default=None)
+
+
+def engine_tokens_path(workdir: Path, node: str) -> Path:
+    """The tokens each engine of the job on ``node`` had generated when erld last read its counter."""
+    return workdir / "engine_tokens" / f"{node}.json"
+
+
+def engine_tokens_files(workdir: Path) -> list[Path]:
+    folder = workdir / "engine_tokens"
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []
 
 
 # --- trainer processes -------------------------------------------------------------------

@@ -41,6 +41,7 @@ from daemon.pool import InterpreterPool
 from daemon.proctable import LocalProc, ProcessTable, ProcState
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
+from elastic_rl.engines import token_ledger
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.errors import EngineError
 from elastic_rl.events import EventLog
@@ -50,7 +51,7 @@ from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots, mark_failed
 from policies.devices import DeviceKind
-from policies.engine_health import EngineWatch
+from policies.engine_health import EngineLoad, EngineWatch
 from policies.exits import ExitAction, ExitDecision, ExitFacts, decide_exit
 from policies.restart import RestartPolicy
 
@@ -58,6 +59,7 @@ log = logging.getLogger("erld.agent")
 
 TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 REAP_TIMEOUT_S = 5.0  # a SIGKILLed process is gone within this; one that is not is reported anyway
+STOPPING_READ_TIMEOUT_S = 1.0
 
 
 class JobAgent:
@@ -90,6 +92,8 @@ class JobAgent:
         self.policy = RestartPolicy(spec.fault_tolerance.max_restarts, spec.fault_tolerance.restart_window_s)
         self.published: dict[str, dict[str, Any]] = {}
         self.health_watches: dict[str, EngineWatch] = {}
+        self.engine_tokens: dict[str, int] = token_ledger.recorded(workdir, node)
+        """Each engine process's (``<name>:<pid>``) generated tokens as last read (``token_ledger``)."""
         self._background: dict[str, asyncio.Task] = {}
         self._exporting: asyncio.Task | None = None
         self._last_health_check = 0.0
@@ -485,9 +489,9 @@ class JobAgent:
             self._in_background("prune", engines.prune(server_url(router), engine_urls))
 
     async def _health_pass(self, serving: dict[str, str]) -> None:
-        verdicts = await engines.check(
-            serving, self.health_watches, self.spec.engines.health_timeout_s, self.spec.engines.hang_timeout_s
-        )
+        read = await engines.loads(serving, self.spec.engines.health_timeout_s)
+        self._record_engine_tokens(read)
+        verdicts = engines.judged(read, self.health_watches, self.spec.engines.hang_timeout_s)
         assigned = {
             keys.last_part(k): v for k, v in (await self.store.get_prefix(keys.assignments(self.job_id))).items()
         }
@@ -513,6 +517,19 @@ class JobAgent:
         await self._carry_out(proc, decide_exit(facts, self.policy), [proc], now)
         await self._publish(proc)
 
+    def _record_engine_tokens(self, read: dict[str, EngineLoad | None]) -> None:
+        """Keep each engine process's newest generated-token count in the work dir (``token_ledger``)."""
+        changed = False
+        for name, load in read.items():
+            proc = self.table.get(self.job_id, name)
+            if load is None or proc is None:
+                continue
+            entry = f"{name}:{proc.pid}"
+            if self.engine_tokens.get(entry) != load.generated_tokens:
+                self.engine_tokens[entry], changed = load.generated_tokens, True
+        if changed:
+            token_ledger.record(self.workdir, self.node, self.engine_tokens)
+
     # --- stopping ------------------------------------------------------------------------
 
     async def stop(self, graceful: bool) -> None:
@@ -522,6 +539,9 @@ class JobAgent:
         procs = [p for p in self.table.of_job(self.job_id) if p.state is not ProcState.STOPPED]
         if not procs:
             return
+        serving = {p.name: url(p.port, host=self.host) for p in procs if p.serving and self.table.alive(p)}
+        if serving:  # the engines' last count of the tokens they generated, before they go
+            self._record_engine_tokens(await engines.loads(serving, STOPPING_READ_TIMEOUT_S))
         if graceful:
             # The lighthouse goes last: a trainer finishing its rollout still needs its quorum, and one
             # whose lighthouse is gone retries it until the grace runs out and it is killed unsaved.

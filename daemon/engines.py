@@ -18,7 +18,7 @@ import time
 
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
-from policies.engine_health import EngineWatch, HealthVerdict, judge
+from policies.engine_health import EngineLoad, EngineWatch, HealthVerdict, judge
 
 log = logging.getLogger("erld.engines")
 
@@ -66,14 +66,19 @@ async def prune(router_url: str, engine_urls: set[str]) -> None:
         log.warning("pruning the router at %s failed: %s", router_url, exc)
 
 
-async def check(
-    engine_urls: dict[str, str], watches: dict[str, EngineWatch], timeout_s: float, hang_timeout_s: float
+async def loads(engine_urls: dict[str, str], timeout_s: float) -> dict[str, EngineLoad | None]:
+    """Each engine's load (name -> URL in, name -> load out; None for one that did not answer)."""
+    read = await asyncio.gather(*(EngineClient(url).load(timeout_s) for url in engine_urls.values()))
+    return dict(zip(engine_urls, read))
+
+
+def judged(
+    read: dict[str, EngineLoad | None], watches: dict[str, EngineWatch], hang_timeout_s: float
 ) -> dict[str, HealthVerdict]:
-    """One health pass over ``engine_urls`` (name -> URL); updates ``watches`` in place."""
-    loads = await asyncio.gather(*(EngineClient(url).load(timeout_s) for url in engine_urls.values()))
+    """The verdict on each engine of one health pass; updates ``watches`` in place."""
     now = time.time()
     verdicts = {}
-    for name, load in zip(engine_urls, loads):
+    for name, load in read.items():
         verdicts[name] = judge(watches.get(name) or EngineWatch(now), load, now, hang_timeout_s)
         watches[name] = verdicts[name].watch
     return verdicts

@@ -210,6 +210,8 @@ def command(proc: ProcSpec, assignment: dict, spec: JobSpec, workdir: Path, adve
             host=advertise_host,
             weight_version=str(version),
             deterministic=spec.rollout.deterministic,
+            # A chunk per token: with everything so far in each, a long response would cost its square.
+            incremental_streaming=True,
         )
     return [sys.executable, "-m", "elastic_rl.trainer.main"]
 

@@ -31,6 +31,8 @@ class EngineLoad:
     """Tokens generated plus requests finished since the engine started: only ever grows."""
     holding_work: bool
     """Requests running or queued."""
+    generated_tokens: int = 0
+    """Tokens generated since the engine started (the token part of ``progress``)."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from elastic_rl.engines.direct import DirectEngineClient
 from elastic_rl.engines.router import RouterClient, abort_everywhere
+from elastic_rl.engines.streaming import Received
 from elastic_rl.errors import EngineError, EngineRejected
 
 log = logging.getLogger("elastic_rl.engines.access")
@@ -46,15 +47,30 @@ class EngineAccess:
             lambda: self.direct.generate(input_ids, sampling_params),
         )
 
+    async def generate_stream(
+        self, input_ids: list[int], sampling_params: dict[str, Any], received: Received
+    ) -> dict[str, Any]:
+        """``generate`` streamed into ``received``. A stream that breaks after a token arrived is not sent
+        again here (that would start it over): the EngineError reaches the caller, who continues it from
+        what arrived; the next call goes straight to the engines if the router turned out to be down."""
+        return await self._router_or_direct(
+            lambda: self.router.generate_stream(input_ids, sampling_params, received),
+            lambda: self.direct.generate_stream(input_ids, sampling_params, received),
+            retry_direct=lambda: not received.output_ids,
+        )
+
     async def worker_urls(self) -> set[str]:
         """The engines requests go to: the router's workers, or the serving engines while it is down."""
         return await self._router_or_direct(self.router.worker_urls, lambda: self.direct.urls())
 
     async def _router_or_direct(
-        self, through_router: Callable[[], Awaitable[T]], direct: Callable[[], Awaitable[T]]
+        self,
+        through_router: Callable[[], Awaitable[T]],
+        direct: Callable[[], Awaitable[T]],
+        retry_direct: Callable[[], bool] = lambda: True,
     ) -> T:
         """``through_router()``; ``direct()`` instead while the router is down, and for a call the router
-        failed without answering."""
+        failed without answering (if ``retry_direct()`` allows it then)."""
         if await self._use_direct():
             return await direct()
         try:
@@ -65,6 +81,8 @@ class EngineAccess:
             if self.direct is None or await self._router_answers():
                 raise  # the router answers: the failure is the engines', retried as such
             self._going_direct()
+            if not retry_direct():
+                raise
             return await direct()
 
     async def abort_on_every_worker(self) -> list[str]:

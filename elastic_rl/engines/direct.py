@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from elastic_rl.engines.client import EngineClient, open_session
+from elastic_rl.engines.streaming import Received
 from elastic_rl.errors import EngineError, EngineRejected
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
@@ -78,6 +79,23 @@ class DirectEngineClient:
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         """One engine's answer; each serving engine is tried once, starting with the next in turn.
         Raises EngineError when none answers (or none is serving)."""
+        return await self._in_turn(lambda engine: engine.generate(input_ids, sampling_params), lambda: False)
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling_params: dict[str, Any], received: Received
+    ) -> dict[str, Any]:
+        """``EngineClient.generate_stream`` on the serving engines in turn, each tried while none has
+        streamed a token: a stream that breaks after that raises, for the caller to continue it."""
+        return await self._in_turn(
+            lambda engine: engine.generate_stream(input_ids, sampling_params, received),
+            lambda: bool(received.output_ids),
+        )
+
+    async def _in_turn(
+        self, call: Callable[[EngineClient], Awaitable[dict[str, Any]]], started: Callable[[], bool]
+    ) -> dict[str, Any]:
+        """``call`` on each serving engine once, starting with the next in turn, until one answers or
+        ``started()`` says the request has begun somewhere (then its failure is raised)."""
         urls = await self._serving_engines()
         if not urls:
             raise EngineError("no engine is serving (direct to the engines, the router being down)")
@@ -88,13 +106,12 @@ class DirectEngineClient:
             url = urls[(first + offset) % len(urls)]
             self.requests += 1
             try:
-                engine = EngineClient(url, self.timeout_s, attempts=1, session=self._session)
-                result = await engine.generate(input_ids, sampling_params)
+                return await call(EngineClient(url, self.timeout_s, attempts=1, session=self._session))
             except EngineRejected:
                 raise
             except EngineError as exc:
+                if started():
+                    raise
                 log.warning("engine %s did not answer a direct request: %s", url, exc)
                 errors.append(str(exc))
-                continue
-            return result
         raise EngineError(f"no serving engine answered directly; the last: {errors[-1]}")

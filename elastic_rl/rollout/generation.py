@@ -1,18 +1,26 @@
 """Generation requests for the rollout side: a group's samples through the router, with their seeds,
-retries and aborts, or through a user's generate function.
+retries, continuations and aborts, or through a user's generate function.
 
-``GroupGenerator.generate`` sends one request for each unfinished sample of a
-group (a new one, or one a partial rollout aborted, continued from its tokens
-so far) and returns the group with what each request made appended as a
-segment. With ``rollout.generate_function`` the user's function makes each
-sample instead (several turns, tool calls), through an ``EngineSession``, and
-returns its tokens with a loss mask. A request that fails after the router's and the client's own retries
-is sent again with backoff, until ``rollout.max_request_failures`` failures in
-a row give up on the job; so is an answer from other weights than the rollout's,
-once the engines are realigned (one realignment at a time, bounded by
-``SERVE_TIMEOUT_S``). ``rollout.max_concurrency`` caps the requests in
-flight. Seeds are derived from (job seed, their parts) only, so a restarted
-orchestrator sends exactly the requests the lost one would have.
+``GroupGenerator.generate`` generates each unfinished sample of a group (a
+new one, or one a partial rollout aborted, continued from its tokens so far)
+and returns the group with what each request made appended as a segment.
+Requests are streamed: each token arrives as the engine makes it, into the
+rollout's ``InFlight`` (which persists it for a restarted orchestrator). A
+stream that breaks (its engine killed, hung and replaced, or the router gone)
+is continued from the tokens that arrived, as a new segment, wherever the
+router (or, while it is down, the direct client) sends it; a seeded sample
+draws the same tokens there as it would have. The router's own retries stay
+on: sglang-router retries a request only on its answer's status, before any
+of it is streamed, so what it sends again had generated nothing. A request
+that brings nothing is sent again with backoff, until
+``rollout.max_request_failures`` failures in a row give up on the job; so is
+an answer from other weights than the rollout's, once the engines are
+realigned (one realignment at a time, bounded by ``SERVE_TIMEOUT_S``). With
+``rollout.generate_function`` the user's function makes each sample instead
+(several turns, tool calls), through an ``EngineSession``, unstreamed: such a
+sample is started over, not continued. ``rollout.max_concurrency`` caps the
+requests in flight. Seeds are derived from (job seed, their parts) only, so a
+restarted orchestrator sends exactly the requests the lost one would have.
 """
 
 from __future__ import annotations
@@ -27,11 +35,14 @@ from typing import Any
 
 import orjson
 
+from checkpoints.inflight_log import SampleKey
 from elastic_rl.engines.access import EngineAccess
+from elastic_rl.engines.streaming import Received
 from elastic_rl.errors import EngineError, EngineRejected, GaveUp
 from elastic_rl.plugins import load_function
 from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
+from elastic_rl.rollout.inflight import InFlight
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.spec.rollout import RolloutSpec
 from policies.dynamic_sampling import ConsecutiveFailures
@@ -120,15 +131,17 @@ class Work:
 
 
 class GroupGenerator:
-    def __init__(self, spec: JobSpec, router: EngineAccess, tokenizer):
+    def __init__(self, spec: JobSpec, router: EngineAccess, tokenizer, inflight: InFlight | None = None):
         self.spec = spec
         self.router = router
         """The way to the engines: through the router, or straight to them while it is down."""
         self.tokenizer = tokenizer
+        self.inflight = inflight or InFlight(None)
+        """The training samples being generated, as far as they have arrived."""
         function = spec.rollout.generate_function
         self.custom = None if function is None else load_function("rollout.generate_function", function)
         concurrency = spec.rollout.max_concurrency
-        self.in_flight = asyncio.Semaphore(concurrency) if concurrency else None
+        self.concurrency = asyncio.Semaphore(concurrency) if concurrency else None
         self.full = False
         """Set by a partial rollout that has its groups: requests not yet sent are not sent, except a
         continued group's."""
@@ -150,6 +163,8 @@ class GroupGenerator:
             "max_new_tokens": spec.max_new_tokens - generated,
             **stop_params(spec),
         }
+        if spec.ignore_eos:
+            params["ignore_eos"] = True
         if spec.deterministic:
             params["sampling_seed"] = derived_seed(self.spec.seed, *seed_parts)
         return params
@@ -161,15 +176,17 @@ class GroupGenerator:
         """
         group = work.group
 
-        async def one(sample: Sample, seed: tuple) -> Sample:
+        async def one(index: int, sample: Sample, seed: tuple) -> Sample:
+            key = (group.prompt.epoch, group.prompt.index, index)
+            sample = self.inflight.resumed(key, sample)
             if sample.finished:
                 return sample
             params = self.sampling_params(seed, len(sample.output_ids))
             return await self.make(
-                group.prompt, group.prompt_ids, params, results, sample, abortable=not work.continued
+                group.prompt, group.prompt_ids, params, results, sample, abortable=not work.continued, key=key
             )
 
-        samples = await asyncio.gather(*(one(sample, seed) for sample, seed in zip(group.samples, work.seeds)))
+        samples = await asyncio.gather(*(one(i, *pair) for i, pair in enumerate(zip(group.samples, work.seeds))))
         return Group(group.prompt, group.prompt_ids, list(samples))
 
     async def make(
@@ -180,26 +197,84 @@ class GroupGenerator:
         results: list[dict[str, Any]],
         so_far: Sample | None = None,
         abortable: bool = False,
+        key: SampleKey | None = None,
     ) -> Sample:
-        """One sample from the user's generate function, or from one request that continues ``so_far``'s
-        tokens (none: a new sample). Unchanged if a partial rollout filled up before it was sent."""
+        """One sample from the user's generate function, or ``so_far``'s tokens generated on to the sample's
+        end (none: a new sample). Unchanged if a partial rollout filled up before its request was sent.
+        ``key``: the training sample's (epoch, index, sample), which the in-flight log keeps it under."""
         if self.custom is not None:
             return await self._custom(prompt, prompt_ids, params, results)
         so_far = so_far or Sample.unstarted()
         try:
-            result = await self.request(prompt_ids + so_far.output_ids, params, abortable)
+            return await self._generate_on(prompt_ids, so_far, params, results, abortable, key)
         except EngineRejected as exc:  # this sample's request is bad data: skipped and counted
             return Sample([], [], so_far.segments, SampleStatus.COMPLETED, error=f"prompt {prompt.index}: {exc}")
-        if result is None:
-            return so_far
-        results.append(result)
-        meta = result["meta_info"]
-        return so_far.continued(
-            list(result["output_ids"]),
-            [entry[0] for entry in meta["output_token_logprobs"]],
-            int(meta["weight_version"]),
-            SampleStatus.from_finish_reason(meta["finish_reason"]["type"], self.spec.rollout.partial_rollout),
-        )
+
+    async def _generate_on(
+        self,
+        prompt_ids: list[int],
+        sample: Sample,
+        params: dict[str, Any],
+        results: list[dict[str, Any]],
+        abortable: bool,
+        key: SampleKey | None,
+    ) -> Sample:
+        """``sample`` generated on, streamed, through as many requests as faults take. A stream that breaks
+        is continued from the tokens that arrived, as a new segment on another engine (with
+        rollout.continue_inflight off, started over from ``sample``); one that brought nothing is sent again
+        with backoff, until rollout.max_request_failures in a row give up on the job. An answer from other
+        weights than ``serving`` (a replacement engine that registered on the newest weights mid-rollout)
+        is thrown away: the engines are realigned and the request sent again."""
+        budget = params["max_new_tokens"] + len(sample.output_ids)
+        failures = ConsecutiveFailures(self.spec.rollout.max_request_failures)
+        while True:
+            realignments = self._realignments
+            received = Received()
+            rest = {**params, "max_new_tokens": budget - len(sample.output_ids)}
+            try:
+                async with self.concurrency or contextlib.nullcontext():
+                    if self.full and abortable:
+                        return sample
+                    self.inflight.requesting(key, sample, received)
+                    answer = await self.router.generate_stream(prompt_ids + sample.output_ids, rest, received)
+            except EngineRejected:
+                self.inflight.done(key, sample)
+                raise
+            except EngineError as exc:
+                if received.output_ids:
+                    results.append(received.answer())  # what it streamed counts as generated, kept or not
+                version = received.meta.get("weight_version")
+                if received.output_ids and self.spec.rollout.continue_inflight and self._serves(version):
+                    log.info("a stream broke after %d tokens: continuing it (%s)", len(received.output_ids), exc)
+                    sample = sample.continued(
+                        received.output_ids, received.logprobs, int(version), SampleStatus.UNFINISHED
+                    )
+                    self.inflight.done(key, sample)
+                    failures = ConsecutiveFailures(self.spec.rollout.max_request_failures)
+                    continue
+                self.inflight.done(key, sample)
+                await self._failed(failures, str(exc))
+                continue
+            results.append(answer)
+            meta = answer["meta_info"]
+            version = int(meta["weight_version"])
+            if self._serves(version):
+                reason = meta["finish_reason"]["type"]
+                status = SampleStatus.from_finish_reason(reason, self.spec.rollout.partial_rollout)
+                sample = sample.continued(received.output_ids, received.logprobs, version, status)
+                self.inflight.done(key, sample)
+                return sample
+            self.inflight.done(key, sample)
+            self.failed_requests += 1
+            self._count(failures, f"an engine answered with weights {version}, not {self.serving.version}")
+            try:
+                await self._realigned(realignments)
+            except EngineError as exc:
+                await self._failed(failures, str(exc))
+
+    def _serves(self, version: int | str | None) -> bool:
+        """Whether an answer from weights ``version`` belongs in the rollout."""
+        return self.serving is None or (version is not None and int(version) == self.serving.version)
 
     async def _custom(
         self, prompt: Prompt, prompt_ids: list[int], params: dict[str, Any], results: list[dict[str, Any]]
@@ -256,7 +331,7 @@ class GroupGenerator:
         while True:
             realignments = self._realignments
             try:
-                async with self.in_flight or contextlib.nullcontext():
+                async with self.concurrency or contextlib.nullcontext():
                     if self.full and abortable:
                         return None
                     result = await self.router.generate(ids, params)

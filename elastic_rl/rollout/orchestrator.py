@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ from elastic_rl.progress import ProgressReporter
 from elastic_rl.rollout.evaluation import Evaluator
 from elastic_rl.rollout.generation import Serving
 from elastic_rl.rollout.groups import samples_record, to_batch
+from elastic_rl.rollout.inflight import InFlight
 from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GroupSampler
 from elastic_rl.spec.algorithm import AlgorithmKind
@@ -57,6 +59,7 @@ from policies.exits import EXIT_GAVE_UP
 log = logging.getLogger("elastic_rl.orchestrator")
 
 POLL_INTERVAL_S = 0.05
+EXIT_TERMINATED = 128 + signal.SIGTERM  # what a process killed by SIGTERM exits with
 RETRY_ENGINES_S = 1.0
 ENGINE_QUERY_TIMEOUT_S = 5.0
 # With the client's backoff (up to 2 s a try) this rides out about half a minute without engines.
@@ -111,8 +114,12 @@ class Orchestrator:
         # functions (reward, generate, filters), which only generating calls.
         self.sampler: GroupSampler | None = None
         self.evaluator: Evaluator | None = None
+        self.inflight = InFlight(
+            self.workdir if self.spec.rollout.continue_inflight else None,
+            lambda kind, message: self.progress.event(kind, message),
+        )
         if not self.replaying:
-            self.sampler = GroupSampler(self.spec, self.tokenizer, engines)
+            self.sampler = GroupSampler(self.spec, self.tokenizer, engines, self.inflight)
             self.evaluator = Evaluator(self.spec, self.tokenizer, self.sampler.generator, self.sampler.scorer)
         self.sinks = metric_sinks(self.spec, self.workdir)
         # Checked before each commit: only the orchestrator the controller assigned writes the log.
@@ -278,7 +285,8 @@ class Orchestrator:
     async def generate_rollout(self, rollout_id: int, load_time: float) -> tuple[RolloutBatch, dict[str, Any]]:
         """Eval when due, then the rollout's batch and its meta."""
         evaluated = await self.evaluator.run(rollout_id) if self.evaluator.due(rollout_id) else {}
-        batch, filled = await self.fill(rollout_id)
+        async with self.persisting_inflight():
+            batch, filled = await self.fill(rollout_id)
         metrics = {**filled.metrics, **evaluated}
         metrics["rollout/weight_version"] = float(self.engine_version)
         metrics["rollout/skipped_prompts"] = float(len(filled.skipped))
@@ -298,6 +306,30 @@ class Orchestrator:
             "samples": samples_record(filled.groups),
         }
         return batch, meta
+
+    async def persist_inflight(self) -> None:
+        """Append what the samples being generated have received since the last time to the in-flight log."""
+        if self.sampler is not None:
+            serving = self.sampler.generator.serving
+            await self.inflight.persist(None if serving is None else serving.version)
+
+    @contextlib.asynccontextmanager
+    async def persisting_inflight(self):
+        """Append what the samples being generated have received to the in-flight log, every
+        rollout.inflight_persist_interval_s, while the block runs."""
+
+        async def every_interval() -> None:
+            while True:
+                await asyncio.sleep(self.spec.rollout.inflight_persist_interval_s)
+                await self.persist_inflight()
+
+        task = asyncio.create_task(every_interval())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def run(self) -> None:
         spec, debug = self.spec.rollout, self.spec.debug
@@ -328,6 +360,7 @@ class Orchestrator:
             if self.assignment is not None:
                 await self.assignment.exit_if_superseded(self.progress.store)
             write_rollout(self.workdir, rollout_id, batch, meta)
+            self.inflight.commit()
             # Kept beside the rollout's metrics; known only once the commit is done.
             self.commit_times[rollout_id] = time.monotonic() - commit_started
             log.info("rollout %d committed: %d samples", rollout_id, batch.size)
@@ -353,8 +386,19 @@ async def amain() -> None:
                 direct = await clients.enter_async_context(direct_client)
             attempts = ROUTER_ATTEMPTS if direct is None else ROUTER_ATTEMPTS_WITH_DIRECT
             router = await clients.enter_async_context(RouterClient(os.environ[jobenv.ROUTER_URL], attempts=attempts))
+            # SIGTERM (`erl stop`, erld stopping): what the samples have received so far is kept for the
+            # orchestrator that resumes the job.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+            orchestrator = None
             try:
-                await Orchestrator(env, EngineAccess(router, direct), progress, assignment).run()
+                orchestrator = Orchestrator(env, EngineAccess(router, direct), progress, assignment)
+                await orchestrator.run()
+            except asyncio.CancelledError:
+                if orchestrator is None:
+                    raise
+                await orchestrator.persist_inflight()
+                log.info("stopped by SIGTERM; what the samples in flight had received is kept")
+                sys.exit(EXIT_TERMINATED)
             # A user's function that cannot be imported, or a rollout log of another version, fails the
             # same way after every restart.
             except (GaveUp, SpecError, RolloutLogError) as exc:

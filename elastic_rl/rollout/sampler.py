@@ -36,6 +36,7 @@ from elastic_rl.plugins import load_function
 from elastic_rl.rollout.data import DataSource, Prompt
 from elastic_rl.rollout.generation import GroupGenerator, Work
 from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, fifo
+from elastic_rl.rollout.inflight import InFlight
 from elastic_rl.rollout.prompts import SupervisedExample, render, render_example
 from elastic_rl.rollout.scoring import Scorer
 from elastic_rl.spec.algorithm import AlgorithmKind
@@ -77,7 +78,7 @@ class Filled:
 
 
 class GroupSampler:
-    def __init__(self, spec: JobSpec, tokenizer, router: EngineAccess):
+    def __init__(self, spec: JobSpec, tokenizer, router: EngineAccess, inflight: InFlight | None = None):
         self.spec = spec
         self.tokenizer = tokenizer
         self.data = DataSource(spec.data, spec.seed)
@@ -87,7 +88,7 @@ class GroupSampler:
         choice = spec.rollout.buffer_filter
         self.choose = fifo if choice == "fifo" else load_function("rollout.buffer_filter", choice)
         self.bad_data = ConsecutiveFailures(spec.rollout.max_consecutive_bad_samples)
-        self.generator = GroupGenerator(spec, router, tokenizer)
+        self.generator = GroupGenerator(spec, router, tokenizer, inflight)
 
     @staticmethod
     def _group_filter(name: str | None):
@@ -251,6 +252,7 @@ class GroupSampler:
         # A group is stale past the bound, unless the engines serve no newer weights (debug.rollout_only).
         version = spec.generating_version(rollout_id) if version is None else version
         oldest_allowed = min(rollout_id - spec.staleness_bound, version)
+        await self.generator.inflight.begin(rollout_id, oldest_allowed)
         stale = self.buffer.drop_older_than(oldest_allowed)
         filled.dropped += [(group, DropReason.STALE) for group in stale]
         try:
@@ -332,6 +334,9 @@ class GroupSampler:
             "rollout/continued_groups": float(filled.continued_groups),
             "rollout/unscorable_samples": float(len(filled.errors)),
             "rollout/failed_requests": float(self.generator.failed_requests),
+            "rollout/regenerated_tokens": float(self.generator.inflight.regenerated_tokens),
+            "rollout/resumed_tokens": float(self.generator.inflight.resumed_tokens),
+            "rollout/inflight_persist_time": self.generator.inflight.persist_time,
         }
         if results:
             longest = max(results, key=lambda r: r["meta_info"]["completion_tokens"])

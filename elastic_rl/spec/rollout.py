@@ -25,6 +25,9 @@ class RolloutSpec(Component):
     """Responses generated per prompt: one GRPO group."""
     max_new_tokens: PositiveInt = 16
     """Longest response."""
+    ignore_eos: bool = False
+    """Generate every response to max_new_tokens, past end-of-sequence tokens (SGLang's sampling
+    parameter of the name): for benchmarks and tests of long generations."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature; 0 is greedy."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -91,6 +94,13 @@ class RolloutSpec(Component):
     each failure is counted (rollout/failed_requests)."""
     max_concurrency: PositiveInt | None = None
     """Most generation requests in flight at once; default all of a round's."""
+    continue_inflight: bool = True
+    """A generation whose engine or router dies is continued on another engine from the tokens it
+    streamed, and a restarted orchestrator continues the samples its predecessor had generated so far
+    (from the in-flight log). false: both start over from the beginning, as a benchmark's baseline."""
+    inflight_persist_interval_s: float = Field(1.0, gt=0.0)
+    """How often the orchestrator appends the tokens its samples have received to the in-flight log:
+    an orchestrator's death regenerates at most this long's tokens."""
 
     @field_validator("reward")
     @classmethod

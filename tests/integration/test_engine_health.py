@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.integration]
 
 ROLLOUTS = 8
 SCALE_ROLLOUTS = 14
+OVERLOAD_ROLLOUTS = 26
 PROMPTS, SAMPLES = 32, 16  # the example's rollout: 32 prompts x 16 samples
 
 
@@ -114,11 +115,13 @@ def test_overload_restarts_no_engine_and_a_hung_engine_is_still_replaced(daemon,
     def overload_over(workdir) -> bool:
         return bool(overload_ends) and time.time() > max(overload_ends) + 1
 
-    # Rollouts enough that the hang comes while the job still generates.
-    job = engine_job(rollouts=16) + ["--set", f"engines.hang_timeout_s={hang_timeout_s}"]
+    # Rollouts enough that the hang comes while the job still generates, and that the job still runs once
+    # the replacement serves (the hang's timeout and a cold start later: about ten rollouts on the other
+    # engine).
+    job = engine_job(rollouts=OVERLOAD_ROLLOUTS) + ["--set", f"engines.hang_timeout_s={hang_timeout_s}"]
     done = run_job(daemon, tmp_path, job, [(overload, 1), (hang_engine_1, overload_over)])
     assert done == ["overload", "hang_engine_1"]
-    assert_every_group_complete(tmp_path, 16)
+    assert_every_group_complete(tmp_path, OVERLOAD_ROLLOUTS)
     events = [e for e in job_events(tmp_path) if (e.get("proc") or "").startswith("engine")]
     before_the_hang = [e for e in events if e["time"] < hung_at[0]]
     assert not [e for e in before_the_hang if e["kind"] in ("engine_unhealthy", "proc_exited", "proc_restarted")]

@@ -73,5 +73,5 @@ def test_the_load_is_read_from_sglang_metrics_names_with_labels_summed():
         'sglang:num_queue_reqs{model_name="m"} 4.0\n'
         'sglang:token_usage{model_name="m"} 0.5\n'
     )
-    assert load_metrics.parse(page) == EngineLoad(progress=125, holding_work=True)
-    assert load_metrics.parse(load_metrics.render(10, 2, 0, 0)) == EngineLoad(progress=12, holding_work=False)
+    assert load_metrics.parse(page) == EngineLoad(progress=125, holding_work=True, generated_tokens=120)
+    assert load_metrics.parse(load_metrics.render(10, 2, 0, 0)) == EngineLoad(12, False, generated_tokens=10)

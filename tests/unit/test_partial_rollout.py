@@ -21,6 +21,7 @@ from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
 from elastic_rl.rollout.sampler import GroupSampler
 from elastic_rl.spec.loading import validate_spec
+from tests.unit.fake_router import StreamsWholeAnswers
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -46,7 +47,7 @@ def spec(**rollout):
     )
 
 
-class FakeStreamingRouter:
+class FakeStreamingRouter(StreamsWholeAnswers):
     """A fake of the router: a request makes one token per tick, up to a length drawn from its seed,
     and ends early with finish reason abort when aborted."""
 

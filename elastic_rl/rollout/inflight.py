@@ -1,0 +1,228 @@
+"""The samples a rollout is generating, as far as they have arrived: persisted, so that a restarted
+orchestrator continues them, and counted where a position of a sample arrives a second time.
+
+``InFlight`` follows each training sample of the rollout being filled, by its
+key (prompt epoch, prompt index, sample index): what is settled (its tokens
+before the request under way: committed in the buffer, continued after a
+fault, or restored) and what the request under way has streamed so far
+(a ``Received``). ``persist`` appends what arrived since its last call to the
+rollout's in-flight log (``checkpoints.inflight_log``); the orchestrator calls
+it every ``rollout.inflight_persist_interval_s`` while a rollout fills. A full
+disk costs the persistence (reported, then tried again), never the job.
+
+After a restart ``begin`` reads the log of the rollout being resumed, drops
+what is staler than the rollout allows, and ``resumed`` hands each sample's
+logged state to the generator in place of starting it over.
+
+``regenerated_tokens`` counts tokens that arrived for a position of a sample
+that had arrived before: a request started over (with
+``rollout.continue_inflight`` off) or an answer from other weights than the
+rollout's, which is thrown away. What an orchestrator received after its last
+persist and took with it when it died, its successor cannot see: the engines'
+own counters tell that (``chaos.invariants``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from checkpoints import inflight_log
+from checkpoints.inflight_log import InflightLog, Logged, Piece, SampleKey
+from elastic_rl.engines.streaming import Received
+from elastic_rl.rollout.groups import Sample, SampleStatus, Segment
+
+log = logging.getLogger("elastic_rl.inflight")
+
+Report = Callable[[str, str], Awaitable[None]]
+"""An event to report: (kind, message)."""
+
+
+@dataclass
+class _Tracked:
+    settled: Sample
+    """The sample before the request under way."""
+    received: Received | None = None
+    """What the request under way has streamed."""
+    persisted: int = 0
+    """Tokens of the response in the log."""
+    end_persisted: bool = False
+    highest: int = 0
+    """How far into the response tokens have arrived."""
+
+    def response(self, version: int | None) -> tuple[list[int], list[float], list[int]]:
+        """Tokens, log probs and each token's weight version, the request under way's included when its
+        answer comes from weights ``version`` (None: any)."""
+        ids, logprobs = list(self.settled.output_ids), list(self.settled.logprobs)
+        versions = [segment.version for segment in self.settled.segments for _ in range(segment.tokens)]
+        streamed = self.received
+        if streamed is not None and streamed.output_ids and _streamed_version(streamed) in (version, None):
+            ids += streamed.output_ids
+            logprobs += streamed.logprobs
+            versions += [_streamed_version(streamed)] * len(streamed.output_ids)
+        return ids, logprobs, versions
+
+
+def _streamed_version(received: Received) -> int | None:
+    version = received.meta.get("weight_version")
+    return None if version is None else int(version)
+
+
+class InFlight:
+    def __init__(self, workdir: Path | None, report: Report | None = None):
+        """``workdir``: where the in-flight log lives; None keeps nothing on disk. ``report``: how an event
+        is reported (None: logged only)."""
+        self.workdir = workdir
+        self.report = report
+        self.tracked: dict[SampleKey, _Tracked] = {}
+        self.restored: dict[SampleKey, Sample] = {}
+        self.regenerated_tokens = 0
+        self.resumed_tokens = 0
+        """Tokens of the rollout taken from its in-flight log (a lost orchestrator's) rather than generated."""
+        self.persist_time = 0.0
+        """Seconds spent persisting during the rollout being filled."""
+        self._log: InflightLog | None = None
+        self._failing = False
+
+    # --- a rollout's life -------------------------------------------------------------------
+
+    async def begin(self, rollout_id: int, oldest_allowed: int) -> None:
+        """Start following rollout ``rollout_id``; what its log holds (an orchestrator died filling it)
+        is continued, unless a segment is older than ``oldest_allowed``."""
+        self.tracked, self.restored = {}, {}
+        self.regenerated_tokens, self.resumed_tokens, self.persist_time = 0, 0, 0.0
+        if self.workdir is None:
+            return
+        logged = inflight_log.read(self.workdir, rollout_id)
+        stale = {key for key, sample in logged.items() if any(v < oldest_allowed for v, _ in sample.runs)}
+        kept = {key: sample for key, sample in logged.items() if key not in stale}
+        self.restored = {key: _as_sample(sample) for key, sample in kept.items()}
+        self._log = InflightLog(self.workdir, rollout_id)
+        try:
+            self._log.start(kept)
+        except OSError as exc:
+            await self._persist_failed(exc)
+        if stale:
+            await self._report(
+                "stale_prefixes_dropped",
+                f"{len(stale)} sample(s) of rollout {rollout_id} generated so far by a lost orchestrator are older "
+                f"than rollout.max_staleness allows (weights before {oldest_allowed}): generated again",
+            )
+        if kept:
+            self.resumed_tokens = sum(len(sample.output_ids) for sample in kept.values())
+            log.info(
+                "rollout %d: continuing %d sample(s) from %d logged tokens", rollout_id, len(kept), self.resumed_tokens
+            )
+
+    def commit(self) -> None:
+        """The rollout committed: its log goes, and nothing is followed."""
+        if self._log is not None:
+            self._log.remove()
+        self._log = None
+        self.tracked, self.restored = {}, {}
+
+    # --- a sample's requests ----------------------------------------------------------------
+
+    def resumed(self, key: SampleKey, sample: Sample) -> Sample:
+        """The logged state of ``sample`` where the log holds more of it, else ``sample``."""
+        restored = self.restored.pop(key, None)
+        if restored is None or restored.output_ids[: len(sample.output_ids)] != sample.output_ids:
+            return sample
+        if len(restored.output_ids) < len(sample.output_ids):
+            return sample
+        length = len(restored.output_ids)
+        self.tracked[key] = _Tracked(restored, persisted=length, end_persisted=restored.finished, highest=length)
+        return restored
+
+    def requesting(self, key: SampleKey | None, sample: Sample, received: Received) -> None:
+        """A request for ``sample``'s next tokens goes out; what it streams arrives in ``received``. A
+        sample without a key (an eval sample) is not followed."""
+        if key is None:
+            return
+        tracked = self.tracked.setdefault(key, _Tracked(sample, highest=len(sample.output_ids)))
+        tracked.settled, tracked.received = sample, received
+
+    def done(self, key: SampleKey | None, sample: Sample) -> None:
+        """The request ended (or broke): ``sample`` is what the generator kept of it. Tokens that arrived
+        for positions that had arrived before are counted."""
+        if key is None:
+            return
+        tracked = self.tracked[key]
+        if tracked.received is not None:
+            start, count = len(tracked.settled.output_ids), len(tracked.received.output_ids)
+            self.regenerated_tokens += max(0, min(start + count, tracked.highest) - start)
+            tracked.highest = max(tracked.highest, start + count)
+        tracked.settled, tracked.received = sample, None
+
+    # --- persistence ---------------------------------------------------------------------------
+
+    def pieces(self, version: int | None) -> list[Piece]:
+        """What arrived since the last persist, from weights ``version`` (an answer from others is thrown
+        away, so it is not logged)."""
+        made = []
+        for key, tracked in self.tracked.items():
+            ids, logprobs, versions = tracked.response(version)
+            start = tracked.persisted
+            ends = tracked.received is None and tracked.settled.finished and not tracked.end_persisted
+            for at, count in _runs(versions, start):
+                made.append(Piece(key, at, ids[at : at + count], logprobs[at : at + count], versions[at]))
+            if ends:
+                if not made or made[-1].key != key:
+                    last = versions[-1] if versions else (version or 0)
+                    made.append(Piece(key, len(ids), [], [], last))
+                made[-1].status = tracked.settled.status.value
+        return made
+
+    async def persist(self, version: int | None) -> None:
+        """Append what arrived since the last call to the log."""
+        if self._log is None:
+            return
+        started = time.monotonic()
+        pieces = self.pieces(version)
+        if pieces:
+            try:
+                self._log.append(pieces)
+            except OSError as exc:
+                await self._persist_failed(exc)
+            else:
+                for piece in pieces:
+                    tracked = self.tracked[piece.key]
+                    tracked.persisted = piece.at + len(piece.output_ids)
+                    tracked.end_persisted = tracked.end_persisted or piece.status is not None
+                if self._failing:
+                    self._failing = False
+                    await self._report("inflight_persist_resumed", "in-flight samples are persisted again")
+        self.persist_time += time.monotonic() - started
+
+    async def _persist_failed(self, exc: OSError) -> None:
+        if not self._failing:
+            self._failing = True
+            await self._report(
+                "inflight_persist_failed",
+                f"persisting in-flight samples failed ({exc}); generation goes on, and persisting is tried again",
+            )
+
+    async def _report(self, kind: str, message: str) -> None:
+        log.warning("%s: %s", kind, message)
+        if self.report is not None:
+            await self.report(kind, message)
+
+
+def _runs(versions: list[int], start: int) -> list[tuple[int, int]]:
+    """(position, length) of each run of one version in ``versions`` from ``start`` on."""
+    runs: list[tuple[int, int]] = []
+    for at in range(start, len(versions)):
+        if runs and versions[at] == versions[runs[-1][0]]:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((at, 1))
+    return runs
+
+
+def _as_sample(logged: Logged) -> Sample:
+    status = SampleStatus(logged.status) if logged.status is not None else SampleStatus.UNFINISHED
+    segments = [Segment(version, tokens) for version, tokens in logged.runs]
+    return Sample(list(logged.output_ids), list(logged.logprobs), segments, status)
