@@ -1,13 +1,15 @@
 """How the orchestrator reaches the engines: through the router while it answers, straight to the
 engines (``engines.direct``) while it does not.
 
-A generation request that fails at the router is sent again, once, straight to a serving engine
-if the router turns out not to answer (it died with the request in flight: the engine that held it
-may finish it, but nobody reads that answer, so no sample is made twice). From then on every
-request goes direct, and the router's health is asked at most once a ``ROUTER_PROBE_S``; once it
-answers again with engines registered (erld restarts it and registers the serving engines with
-it), requests go through it again. The engine list follows the same rule. Without a direct
-client (no etcd: a job run outside erld) every call goes to the router, as before.
+A generation request that fails at the router before anything of it arrived is sent again, once,
+straight to a serving engine if the router turns out not to answer (it died with the request in
+flight: the engine that held it aborts it as its client went away, and nobody reads that answer, so
+no sample is made twice). A stream that had begun is not sent again here: its caller continues it
+from the tokens that arrived. From then on every request goes direct, and the router's health is
+asked at most once a ``ROUTER_PROBE_S``; once it answers again with engines registered (erld
+restarts it and registers the serving engines with it), requests go through it again. The engine
+list follows the same rule. Without a direct client (no etcd: a job run outside erld) every call
+goes to the router, as before.
 """
 
 from __future__ import annotations

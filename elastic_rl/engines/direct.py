@@ -5,7 +5,8 @@ and whether it is serving (registered after it answered and loaded the current
 weights). ``DirectEngineClient`` reads that list (at most once a
 ``DIRECTORY_REFRESH_S``: a rollout sends hundreds of requests at once) and
 sends each request to the next serving engine in turn, one attempt each,
-moving on to the next engine when one fails. It is what generation goes
+moving on to the next engine when one fails (a stream, only while none of it
+has arrived: after that its caller continues it). It is what generation goes
 through while the router is down (``engines.access``), and the path by which
 a request can be sent to an engine of one's choosing.
 """
