@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chaos.faults import inject  # noqa: E402
 from chaos.invariants import jsonl  # noqa: E402
 from chaos.report import analyse_faults  # noqa: E402
-from chaos.runner import run_job  # noqa: E402
+from chaos.runner import generating, run_job  # noqa: E402
 from chaos.scenario import Fault, FaultKind  # noqa: E402
 from chaos.topology import Topology  # noqa: E402
 from checkpoints import layout  # noqa: E402
@@ -72,17 +72,6 @@ JOBS = {
 COMMON = ["rollout.ignore_eos=true", "rollout.deterministic=true", "checkpoints.keep_last=1000"]
 FAULTS = [("engine-0", 1), ("orchestrator", 3)]
 INTO_GENERATION = 0.4
-
-
-def generating(rollout_id: int) -> Callable[[Path], bool]:
-    """A moment: the orchestrator has begun generating rollout ``rollout_id``."""
-    line = f"rollout {rollout_id}: generating with weights"
-
-    def moment(workdir: Path) -> bool:
-        path = layout.proc_log_path(workdir, "orchestrator")
-        return path.is_file() and line in path.read_text(errors="replace")
-
-    return moment
 
 
 def kill_later(topology: Topology, job: str, workdir: Path, proc: str, delay_s: float) -> Callable[[], None]:

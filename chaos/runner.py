@@ -22,6 +22,7 @@ from chaos.erl_cli import erl, job_status
 from chaos.faults import Injection, NoTarget, inject
 from chaos.scenario import Fault
 from chaos.topology import Topology
+from checkpoints import layout
 from elastic_rl.spec.loading import load_spec
 
 Moment = int | float | Callable[[Path], bool]
@@ -38,6 +39,17 @@ class JobRun:
     injections: list[Injection] = field(default_factory=list)
     started: float = 0.0
     ended: float = 0.0
+
+
+def generating(rollout_id: int) -> Callable[[Path], bool]:
+    """A moment: the orchestrator has begun generating rollout ``rollout_id`` (its log says so)."""
+    line = f"rollout {rollout_id}: generating with weights"
+
+    def moment(workdir: Path) -> bool:
+        path = layout.proc_log_path(workdir, "orchestrator")
+        return path.is_file() and line in path.read_text(errors="replace")
+
+    return moment
 
 
 def _due(moment: Moment, workdir: Path, rollouts_done: int, elapsed: float) -> bool:

@@ -17,10 +17,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from elastic_rl import jobenv
 from elastic_rl.net import LOOPBACK, free_port
@@ -144,6 +146,17 @@ class ErldNode:
     def endpoint(self) -> str:
         return self.etcd or f"http://{LOOPBACK}:{self.etcd_port}"
 
+    def ready_interpreters(self) -> dict[str, int]:
+        """Per process kind, the idle pre-imported interpreters whose imports are done, from this erld's
+        ``/metrics`` (it needs a ``metrics_port``)."""
+        page = urllib.request.urlopen(f"http://{LOOPBACK}:{self.metrics_port}/metrics", timeout=10).read()
+        ready = {}
+        for family in text_string_to_metric_families(page.decode()):
+            for sample in family.samples:
+                if sample.name == "erld_pool_interpreters" and sample.labels["state"] == "ready":
+                    ready[sample.labels["kind"]] = int(sample.value)
+        return ready
+
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Until this node is a member (its node key names this erld's pid)."""
         deadline = time.monotonic() + timeout_s
@@ -243,13 +256,16 @@ class Topology:
         name: str = "node-0",
         gpus: str | None = None,
         pool: dict[str, int] | None = None,
+        metrics: bool = False,
     ) -> Topology:
+        """One erld with an embedded etcd; ``metrics``: serving ``/metrics`` on a free port."""
         node = ErldNode(
             name,
             root / name,
             cpu_devices,
             None,
             etcd_port=free_port(),
+            metrics_port=free_port() if metrics else None,
             environment=environment or {},
             gpus=gpus,
             pool=pool,

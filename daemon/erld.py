@@ -119,6 +119,8 @@ class Erld:
         self.renewed = 0.0
         self.leading = False
         self.stopping = asyncio.Event()
+        self.child_exit = asyncio.Event()
+        """Set by SIGCHLD: a process erld started has exited."""
         self.metrics = MetricsServer(self, config.advertise_host, config.metrics_port)
         self.pool = InterpreterPool(self.node, config.pool_sizes, state_dir, node_environment())
 
@@ -337,12 +339,21 @@ class Erld:
             self.pool.fill()  # after the pass: an interpreter it took is replaced in the background
             self.notifier.watchdog()
             self.notifier.status(self.summary())
-            try:
-                await asyncio.wait_for(self.stopping.wait(), LOOP_INTERVAL_S)
-            except asyncio.TimeoutError:
-                pass
+            await self.until_next_pass()
         keep_alive.cancel()
         await self.shutdown()
+
+    async def until_next_pass(self) -> None:
+        """LOOP_INTERVAL_S, or less: a child's exit (SIGCHLD, ``child_exited``) or a stop begins the next
+        pass at once, so a dead process is restarted without waiting out the interval."""
+        waits = [asyncio.ensure_future(self.stopping.wait()), asyncio.ensure_future(self.child_exit.wait())]
+        await asyncio.wait(waits, timeout=LOOP_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        self.child_exit.clear()
+
+    def child_exited(self) -> None:
+        self.child_exit.set()
 
     async def shutdown(self) -> None:
         """SIGTERM: stop every job process cleanly; the jobs stay `running` and resume on restart."""
@@ -373,6 +384,7 @@ async def serve(etcd: str | None, config: NodeConfig, state_dir: Path, etcd_port
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, erld.stopping.set)
+            loop.add_signal_handler(signal.SIGCHLD, erld.child_exited)
             await erld.run()
     except NodeTaken:
         # An etcd adopted from the erld that holds the node is that erld's: leave it running.

@@ -5,9 +5,10 @@
 Served on the node's advertise host. The figures are those of the cluster as
 this erld last read it (each main-loop pass), rendered by ``prometheus-client``
 at scrape time: process states and restarts of the processes this node runs,
-engine health, and for every job its quorum size, rollouts committed, step and
-rollout time and snapshot age; the state of this node's device slots; whether
-this erld leads. ``/healthz`` answers 200 while the node lease is fresh.
+its pre-imported interpreters (ready or importing), engine health, and for
+every job its quorum size, rollouts committed, step and rollout time and
+snapshot age; the state of this node's device slots; whether this erld leads.
+``/healthz`` answers 200 while the node lease is fresh.
 
 The server reads the erld that runs it through ``ServedNode``, the few
 attributes it needs (erld passes itself), and is handed each cluster read by
@@ -29,6 +30,7 @@ from checkpoints.discovery import newest_committed_snapshot
 
 if TYPE_CHECKING:
     from daemon.controller import Cluster
+    from daemon.pool import InterpreterPool
     from daemon.proctable import ProcessTable
 
 PROC_STATES = ("waiting", "running", "restarting", "displaced", "exited", "stopped", "failed")
@@ -41,6 +43,7 @@ class ServedNode(Protocol):
     node: str
     leading: bool
     table: ProcessTable
+    pool: InterpreterPool
 
     def lease_may_have_expired(self) -> bool: ...
 
@@ -58,6 +61,15 @@ class ClusterCollector:
         leader = GaugeMetricFamily("erld_is_leader", "1 while this erld is the controller", labels=["node"])
         leader.add_metric([node], 1.0 if erld.leading else 0.0)
         yield leader
+        pool = GaugeMetricFamily(
+            "erld_pool_interpreters",
+            "idle pre-imported interpreters of each kind on this node, ready or still importing",
+            labels=["node", "kind", "state"],
+        )
+        for kind, (ready, importing) in sorted(erld.pool.counts().items()):
+            pool.add_metric([node, kind, "ready"], float(ready))
+            pool.add_metric([node, kind, "importing"], float(importing))
+        yield pool
         if cluster is None:
             return
         states = GaugeMetricFamily(

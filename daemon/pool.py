@@ -35,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from elastic_rl.priority import normal_priority
+from elastic_rl.warm_interpreter import READY
 
 log = logging.getLogger("erld.pool")
 
@@ -53,6 +54,17 @@ at once, and an orchestrator and an engine each; about 1.6 GB of host memory."""
 class Idle:
     kind: str
     process: subprocess.Popen
+    said: bytes = b""
+    """What it has written to its stdout (a pipe, read without blocking): READY once its imports are done."""
+
+    @property
+    def ready(self) -> bool:
+        if READY.encode() not in self.said and self.process.stdout is not None:
+            try:
+                self.said += os.read(self.process.stdout.fileno(), 4096)
+            except (BlockingIOError, OSError):
+                pass
+        return READY.encode() in self.said
 
 
 class InterpreterPool:
@@ -77,14 +89,25 @@ class InterpreterPool:
     def _start(self, kind: str) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"pool-{self.node}-{kind}.log", "ab") as log_file:
-            return subprocess.Popen(
+            process = subprocess.Popen(
                 [sys.executable, "-m", "elastic_rl.warm_interpreter", MODULES[kind]],
                 env={**self.environment, POOL_NODE: self.node},
                 stdin=subprocess.PIPE,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
                 start_new_session=True,
             )
+        os.set_blocking(process.stdout.fileno(), False)
+        return process
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """Per pooled kind: idle interpreters ready (imports done) and still importing."""
+        counts = {}
+        for kind, idle in self.idle.items():
+            alive = [entry for entry in idle if entry.process.poll() is None]
+            ready = sum(entry.ready for entry in alive)
+            counts[kind] = (ready, len(alive) - ready)
+        return counts
 
     def take(self, command: list[str]) -> tuple[subprocess.Popen, list[str]] | None:
         """An idle interpreter for ``command`` (``python -m MODULE ARGS``) and the argv to give it, or None
@@ -95,6 +118,7 @@ class InterpreterPool:
         idle = self.idle.get(kind)
         while idle:
             entry = idle.popleft()
+            entry.process.stdout.close()  # it says nothing more to erld: its output goes to its log
             if entry.process.poll() is None:
                 # One still importing finishes at the normal priority; the interpreter also raises
                 # itself when it takes the assignment, in case it lowered itself only after this.

@@ -6,7 +6,8 @@ erld keeps a few per node (``daemon.pool``), each started as
 
 It lowers its CPU priority to the lowest (``elastic_rl.priority``), imports the
 module it will run (and so everything that module imports: torch, megatron-core,
-torchft, transformers; none of it touches CUDA or opens a device), then waits for
+torchft, transformers; none of it touches CUDA or opens a device), says so on its
+stdout (a pipe erld reads; its stderr goes to the pool's log), then waits for
 its assignment: one JSON line on stdin with the argv, environment, working
 directory and log file of the process it is to become. It then runs at the
 normal priority again, points its output at that log, takes that environment (CUDA reads CUDA_VISIBLE_DEVICES only
@@ -20,6 +21,7 @@ exits; a restarted erld also ends those still importing (``daemon.pool``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import runpy
@@ -28,6 +30,9 @@ import sys
 import orjson
 
 from elastic_rl.priority import lower_for_background, normal_priority
+
+READY = "ready"
+"""The line an interpreter writes once its imports are done."""
 
 
 def become(assignment: dict) -> None:
@@ -54,6 +59,9 @@ def main() -> None:
     module = sys.argv[1]
     lower_for_background()  # before any thread starts: the threads the imports start take it too
     importlib.import_module(module)
+    # Its stdout is a pipe erld reads: the imports are done. Already taken, it has no reader any more.
+    with contextlib.suppress(BrokenPipeError):
+        os.write(1, f"{READY}\n".encode())
     line = sys.stdin.buffer.readline()
     if not line:
         return  # erld went away before it needed this interpreter

@@ -1,9 +1,11 @@
 """When a job process exits unexpectedly: restart it after a backoff, or give up.
 
 Pure: the exit history in, a decision out. A process may restart ``max_restarts``
-times within any ``window_s``; each restart in the window doubles the delay
-(from ``base_delay_s`` up to ``max_delay_s``). One more exit in the window and
-the job fails with the reason.
+times within any ``window_s``. The first exit in the window restarts at once:
+a lone fault costs a fork (or a pre-imported interpreter), not a wait. Each
+further restart in the window waits, from ``base_delay_s`` doubling up to
+``max_delay_s``, so a process that keeps crashing backs off. One more exit in
+the window and the job fails with the reason.
 """
 
 from __future__ import annotations
@@ -35,5 +37,5 @@ def decide_restart(policy: RestartPolicy, restarts: list[float], now: float) -> 
             reason=f"exited {len(recent) + 1} times within {policy.window_s:.0f}s "
             f"(restart budget {policy.max_restarts})",
         )
-    delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** len(recent))
+    delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** (len(recent) - 1)) if recent else 0.0
     return RestartDecision(restart=True, delay_s=delay)

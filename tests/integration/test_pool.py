@@ -40,9 +40,9 @@ def started_by_the_pool() -> list[psutil.Process]:
 
 
 def output(process: psutil.Process) -> str:
-    """Where its output goes: the pool's log while idle, its job process's log once it became one."""
+    """Where its errors go: the pool's log while idle, its job process's log once it became one."""
     try:
-        return os.readlink(f"/proc/{process.pid}/fd/1")
+        return os.readlink(f"/proc/{process.pid}/fd/2")
     except OSError:
         return ""
 
@@ -87,8 +87,10 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
 @pytest.mark.timeout(400)
 def test_the_pool_survives_kills_and_an_erld_restart_and_leaks_nothing(tmp_path):
     full = sum(POOL.values())
-    with running_daemon(tmp_path, pool=POOL) as daemon:
+    with running_daemon(tmp_path, pool=POOL, metrics=True) as daemon:
         wait_for(lambda: len(idle()) == full, 60, "the pool never filled")
+        # erld knows when an interpreter's imports are done, and says so in its /metrics.
+        wait_for(lambda: daemon.nodes[0].ready_interpreters() == POOL, 120, "the pool never said it was ready")
         # Idle interpreters import at the lowest priority: they take only CPU the job leaves.
         wait_for(lambda: all(niceness(p) == {19} for p in idle()), 10, "an idle interpreter is not at nice 19")
         from_pool_priorities = []

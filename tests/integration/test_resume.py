@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from chaos.invariants import check_run
-from checkpoints import layout
+from chaos.runner import generating
 from tests.integration.erld_support import STOP_AND_RESUME, job_events, metrics, run_job, running_daemon, status
 
 pytestmark = [pytest.mark.integration]
@@ -34,21 +34,6 @@ JOB = [
 ]
 
 
-def generating(rollout_id: int):
-    """A moment: the engines are answering rollout ``rollout_id``'s requests (its weights are out and an
-    engine has answered since), so most of its requests are still in flight."""
-    answered_before: list[int] = []
-
-    def moment(workdir) -> bool:
-        if layout.latest_weights_version(workdir) is None or layout.latest_weights_version(workdir) < rollout_id:
-            return False
-        answered = sum(log.read_text().count("POST /generate") for log in (workdir / "logs").glob("engine-*.log"))
-        answered_before.append(answered)
-        return answered > answered_before[0]
-
-    return moment
-
-
 # One idle interpreter of each pooled kind: each kill below is restarted from one.
 POOL = {"trainer": 1, "orchestrator": 1, "engine": 1}
 
@@ -66,9 +51,8 @@ def test_killing_any_job_process_changes_nothing(pooled_daemon, tmp_path):
     run_job(daemon, clean, JOB)
     schedule = [
         ("trainer-0-0", 2),
-        # Mid-generation: the requests in flight are sent again straight to the engines. Rollouts take
-        # about a second, so the moment may come a rollout or two late: the orchestrator's kill waits
-        # until then, or it would take the direct requests' rollout with it, uncommitted.
+        # Mid-generation: the requests in flight go on straight to the engines. The orchestrator's kill
+        # waits a few rollouts, or it could take the direct requests' rollout with it, uncommitted.
         ("router", generating(3)),
         ("orchestrator", 6),
         ("lighthouse", 7),

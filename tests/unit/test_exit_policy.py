@@ -32,7 +32,7 @@ def test_the_orchestrator_ending_after_the_last_rollout_settles_the_job():
 
 def test_the_orchestrator_ending_early_is_a_crash():
     decision = decide("orchestrator", 0, finished=False)
-    assert decision.action is ExitAction.RESTART and decision.delay_s == 0.5
+    assert decision.action is ExitAction.RESTART and decision.delay_s == 0.0
 
 
 @pytest.mark.parametrize("role", ["trainer", "spare"])
@@ -59,7 +59,7 @@ def test_a_superseded_process_is_not_one_that_gave_up(role):
 
 
 def test_a_trainer_that_ended_a_hung_weight_sync_restarts_like_after_a_crash():
-    decision = decide("trainer", EXIT_SYNC_HUNG)
+    decision = decide("trainer", EXIT_SYNC_HUNG, restarts=[99.0])
     assert decision.action is ExitAction.RESTART and not decision.rollback and decision.delay_s == 0.5
 
 
@@ -73,8 +73,9 @@ def test_a_crashed_replica_goes_to_an_idle_warm_spare():
     assert decision.action is ExitAction.MOVE_REPLICA and not decision.quarantine_device
 
 
-def test_a_crash_without_a_spare_restarts_after_the_backoff():
-    assert decide("trainer", -9, restarts=[99.0]).delay_s == 1.0
+def test_a_crash_without_a_spare_restarts_at_once_then_after_the_backoff():
+    assert decide("trainer", -9).delay_s == 0.0
+    assert decide("trainer", -9, restarts=[99.0]).delay_s == 0.5
     assert decide("engine", 1).action is ExitAction.RESTART
 
 

@@ -12,14 +12,14 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 POLICY = RestartPolicy(max_restarts=3, window_s=60, base_delay_s=0.5, max_delay_s=4)
 
 
-def test_first_exit_restarts_after_the_base_delay():
+def test_first_exit_restarts_at_once():
     decision = decide_restart(POLICY, [], now=100)
-    assert decision.restart and decision.delay_s == 0.5
+    assert decision.restart and decision.delay_s == 0.0
 
 
 def test_backoff_doubles_with_each_recent_restart():
     delays = [decide_restart(POLICY, [100.0] * n, now=101).delay_s for n in range(3)]
-    assert delays == [0.5, 1.0, 2.0]
+    assert delays == [0.0, 0.5, 1.0]
 
 
 def test_backoff_is_capped():
@@ -35,7 +35,7 @@ def test_gives_up_when_the_budget_is_spent_within_the_window():
 
 def test_old_restarts_leave_the_window():
     decision = decide_restart(POLICY, [10.0, 20.0, 30.0], now=95)
-    assert decision.restart and decision.delay_s == 0.5
+    assert decision.restart and decision.delay_s == 0.0
 
 
 def test_zero_budget_never_restarts():
