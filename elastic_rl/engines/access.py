@@ -87,6 +87,12 @@ class EngineAccess:
                 raise
             return await direct()
 
+    async def every_engine(self) -> set[str]:
+        """Every engine a request may reach: the router's workers and, under erld, every engine it
+        records as serving (a router that has just restarted lists only those registered so far)."""
+        urls = await self.worker_urls()
+        return urls | await self.direct.urls() if self.direct is not None else urls
+
     async def abort_on_every_worker(self) -> list[str]:
         """Abort every request the engines hold, on the engines requests go to (``abort_everywhere``)."""
         return await abort_everywhere(sorted(await self.worker_urls()))

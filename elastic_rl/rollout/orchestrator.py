@@ -143,7 +143,7 @@ class Orchestrator:
             await asyncio.sleep(POLL_INTERVAL_S)
 
     async def serve_version(self, version: int) -> float:
-        """Load weights ``version`` into every engine behind the router that serves other weights (a
+        """Load weights ``version`` into every engine a request may reach that serves other weights (a
         replacement engine registers with the newest); return the seconds the loads took.
 
         An engine that cannot take them is dead or dying: once erld has taken it out of the router it
@@ -164,13 +164,13 @@ class Orchestrator:
                     log.warning("engine %s did not load weights %d: %s", url, version, outcome)
             if pending:
                 await asyncio.sleep(RETRY_ENGINES_S)
-                pending &= await self.engines.worker_urls()
+                pending &= await self.engines.every_engine()
         self.engine_version = version
         return time.monotonic() - started
 
     async def engines_not_serving(self, version: int) -> set[str]:
-        """The engines requests go to that serve other weights than ``version``, or do not answer."""
-        urls = sorted(await self.engines.worker_urls())
+        """The engines requests may go to that serve other weights than ``version``, or do not answer."""
+        urls = sorted(await self.engines.every_engine())
         infos = await asyncio.gather(
             *(EngineClient(url, timeout_s=ENGINE_QUERY_TIMEOUT_S, attempts=1).model_info() for url in urls),
             return_exceptions=True,
