@@ -41,15 +41,19 @@ class JobRun:
     ended: float = 0.0
 
 
-def generating(rollout_id: int) -> Callable[[Path], bool]:
-    """A moment: the orchestrator has begun generating rollout ``rollout_id`` (its log says so)."""
-    line = f"rollout {rollout_id}: generating with weights"
+def logged(proc: str, text: str) -> Callable[[Path], bool]:
+    """A moment: the log of the job's process ``proc`` holds ``text``."""
 
     def moment(workdir: Path) -> bool:
-        path = layout.proc_log_path(workdir, "orchestrator")
-        return path.is_file() and line in path.read_text(errors="replace")
+        path = layout.proc_log_path(workdir, proc)
+        return path.is_file() and text in path.read_text(errors="replace")
 
     return moment
+
+
+def generating(rollout_id: int) -> Callable[[Path], bool]:
+    """A moment: the orchestrator has begun generating rollout ``rollout_id``."""
+    return logged("orchestrator", f"rollout {rollout_id}: generating with weights")
 
 
 def _due(moment: Moment, workdir: Path, rollouts_done: int, elapsed: float) -> bool:

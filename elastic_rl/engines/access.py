@@ -50,14 +50,15 @@ class EngineAccess:
         )
 
     async def generate_stream(
-        self, input_ids: list[int], sampling_params: dict[str, Any], received: Received
+        self, input_ids: list[int], sampling_params: dict[str, Any], received: Received, silence_s: float | None = None
     ) -> dict[str, Any]:
-        """``generate`` streamed into ``received``. A stream that breaks after a token arrived is not sent
-        again here (that would start it over): the EngineError reaches the caller, who continues it from
-        what arrived; the next call goes straight to the engines if the router turned out to be down."""
+        """``generate`` streamed into ``received`` (a stream silent for ``silence_s`` is broken). A stream
+        that breaks after a token arrived is not sent again here (that would start it over): the
+        EngineError reaches the caller, who continues it from what arrived; the next call goes straight to
+        the engines if the router turned out to be down."""
         return await self._router_or_direct(
-            lambda: self.router.generate_stream(input_ids, sampling_params, received),
-            lambda: self.direct.generate_stream(input_ids, sampling_params, received),
+            lambda: self.router.generate_stream(input_ids, sampling_params, received, silence_s),
+            lambda: self.direct.generate_stream(input_ids, sampling_params, received, silence_s),
             retry_direct=lambda: not received.output_ids,
         )
 

@@ -133,11 +133,17 @@ class EngineClient:
         return await self._call("POST", "/generate", body)
 
     async def generate_stream(
-        self, input_ids: list[int], sampling_params: dict[str, Any], received: Received, rid: str | None = None
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        received: Received,
+        silence_s: float | None = None,
+        rid: str | None = None,
     ) -> dict[str, Any]:
         """``/generate`` streamed, with log probs: each token goes into ``received`` as it arrives, and what
         arrived stays there if the stream breaks (EngineError) or is refused (EngineRejected). Returns the
-        answer ``generate`` would have. One attempt: a retry would start the request over."""
+        answer ``generate`` would have. One attempt: a retry would start the request over. A stream
+        silent for ``silence_s`` (default: the client's timeout) counts as broken."""
         body: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": sampling_params,
@@ -148,7 +154,8 @@ class EngineClient:
             body["rid"] = rid
         url = f"{self.base_url}/generate"
         # However long a request runs, a chunk comes with each token: a silence this long is a failure.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=self.timeout_s)
+        silence = silence_s or self.timeout_s
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=silence)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 session = self._session or await stack.enter_async_context(aiohttp.ClientSession())

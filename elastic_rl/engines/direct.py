@@ -83,12 +83,12 @@ class DirectEngineClient:
         return await self._in_turn(lambda engine: engine.generate(input_ids, sampling_params), lambda: False)
 
     async def generate_stream(
-        self, input_ids: list[int], sampling_params: dict[str, Any], received: Received
+        self, input_ids: list[int], sampling_params: dict[str, Any], received: Received, silence_s: float | None
     ) -> dict[str, Any]:
         """``EngineClient.generate_stream`` on the serving engines in turn, each tried while none has
         streamed a token: a stream that breaks after that raises, for the caller to continue it."""
         return await self._in_turn(
-            lambda engine: engine.generate_stream(input_ids, sampling_params, received),
+            lambda engine: engine.generate_stream(input_ids, sampling_params, received, silence_s),
             lambda: bool(received.output_ids),
         )
 

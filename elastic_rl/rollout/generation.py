@@ -53,6 +53,9 @@ REQUEST_BACKOFF_S = 1.0
 REQUEST_BACKOFF_MAX_S = 30.0
 """A failed generation request waits 1, 2, 4 ... s (at most 30) before it is sent again."""
 
+STREAM_SILENCE_FACTOR = 2
+"""How many times the time erld takes to find a hung engine a stream may stay silent."""
+
 SERVE_TIMEOUT_S = 600.0
 """Most seconds the engines may take to load a weight version; longer is an infrastructure failure."""
 
@@ -142,6 +145,12 @@ class GroupGenerator:
         self.custom = None if function is None else load_function("rollout.generate_function", function)
         concurrency = spec.rollout.max_concurrency
         self.concurrency = asyncio.Semaphore(concurrency) if concurrency else None
+        engines = spec.engines
+        self.stream_silence_s = STREAM_SILENCE_FACTOR * (
+            engines.hang_timeout_s + engines.health_interval_s + engines.health_timeout_s
+        )
+        """A stream that sends nothing for this long is broken: by then erld has replaced a hung engine
+        (which breaks its streams), so the silence is stuck somewhere between."""
         self.full = False
         """Set by a partial rollout that has its groups: requests not yet sent are not sent, except a
         continued group's."""
@@ -236,7 +245,8 @@ class GroupGenerator:
                     if self.full and abortable:
                         return sample
                     self.inflight.requesting(key, sample, received)
-                    answer = await self.router.generate_stream(prompt_ids + sample.output_ids, rest, received)
+                    ids = prompt_ids + sample.output_ids
+                    answer = await self.router.generate_stream(ids, rest, received, self.stream_silence_s)
             except EngineRejected:
                 self.inflight.done(key, sample)
                 raise

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from chaos.invariants import check_run
-from chaos.runner import generating
+from chaos.runner import logged
 from tests.integration.erld_support import STOP_AND_RESUME, job_events, metrics, run_job, running_daemon, status
 
 pytestmark = [pytest.mark.integration]
@@ -51,9 +51,11 @@ def test_killing_any_job_process_changes_nothing(pooled_daemon, tmp_path):
     run_job(daemon, clean, JOB)
     schedule = [
         ("trainer-0-0", 2),
-        # Mid-generation: the requests in flight go on straight to the engines. The orchestrator's kill
-        # waits a few rollouts, or it could take the direct requests' rollout with it, uncommitted.
-        ("router", generating(3)),
+        # As rollout 3's weights are trained: the router is still restarting when its generation begins,
+        # so the requests go straight to the engines (a rollout generates in a quarter of a second here,
+        # too little for a kill to land inside it reliably). The orchestrator's kill waits a few
+        # rollouts, or it could take the direct requests' rollout with it, uncommitted.
+        ("router", logged("orchestrator", "rollout 2 committed")),
         ("orchestrator", 6),
         ("lighthouse", 7),
         ("engine-0", 8),

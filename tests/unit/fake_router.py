@@ -12,6 +12,8 @@ class StreamsWholeAnswers:
     """For a fake router whose ``generate(ids, params)`` answers whole: ``generate_stream`` streams that
     answer as one chunk, as an engine streams a request that ends at its first step."""
 
-    async def generate_stream(self, ids: list[int], params: dict[str, Any], received: Received) -> dict[str, Any]:
+    async def generate_stream(
+        self, ids: list[int], params: dict[str, Any], received: Received, silence_s: float | None = None
+    ) -> dict[str, Any]:
         received.add(await self.generate(ids, params))
         return received.answer()
