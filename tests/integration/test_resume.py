@@ -4,10 +4,18 @@ the rollout goes on straight to the engines. Restarts come from erld's pre-impor
 
 from __future__ import annotations
 
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
+from chaos.faults import inject
 from chaos.invariants import check_run
-from chaos.runner import logged
+from chaos.runner import generating
+from chaos.scenario import Fault, FaultKind
+from chaos.topology import Topology
 from tests.integration.erld_support import STOP_AND_RESUME, job_events, metrics, run_job, running_daemon, status
 
 pytestmark = [pytest.mark.integration]
@@ -34,6 +42,21 @@ JOB = [
 ]
 
 
+def kill_the_router_as(rollout_id: int, daemon: Topology, workdir: Path) -> Callable[[], None]:
+    """A fault: the router SIGKILLed as soon as the orchestrator begins generating ``rollout_id`` (a rollout
+    generates in a quarter of a second here: the fault loop's polls are too coarse to land inside it)."""
+
+    def kill_the_router_mid_generation() -> None:
+        begun, deadline = generating(rollout_id), time.monotonic() + 120
+        while not begun(workdir):
+            assert time.monotonic() < deadline, f"rollout {rollout_id} never began generating"
+            time.sleep(0.005)
+        router = Fault(kind=FaultKind.KILL, target="router")
+        inject(router, daemon, status(daemon, "tiny-grpo"), workdir, random.Random(0))
+
+    return kill_the_router_mid_generation
+
+
 # One idle interpreter of each pooled kind: each kill below is restarted from one.
 POOL = {"trainer": 1, "orchestrator": 1, "engine": 1}
 
@@ -51,11 +74,9 @@ def test_killing_any_job_process_changes_nothing(pooled_daemon, tmp_path):
     run_job(daemon, clean, JOB)
     schedule = [
         ("trainer-0-0", 2),
-        # As rollout 3's weights are trained: the router is still restarting when its generation begins,
-        # so the requests go straight to the engines (a rollout generates in a quarter of a second here,
-        # too little for a kill to land inside it reliably). The orchestrator's kill waits a few
-        # rollouts, or it could take the direct requests' rollout with it, uncommitted.
-        ("router", logged("orchestrator", "rollout 2 committed")),
+        # Mid-generation: the requests in flight go on straight to the engines. The orchestrator's kill
+        # waits a few rollouts, or it could take the direct requests' rollout with it, uncommitted.
+        (kill_the_router_as(4, daemon, faulty), 3),
         ("orchestrator", 6),
         ("lighthouse", 7),
         ("engine-0", 8),
