@@ -53,17 +53,29 @@ class _Tracked:
     highest: int = 0
     """How far into the response tokens have arrived."""
 
-    def response(self, version: int | None) -> tuple[list[int], list[float], list[int]]:
-        """Tokens, log probs and each token's weight version, the request under way's included when its
-        answer comes from weights ``version`` (None: any)."""
-        ids, logprobs = list(self.settled.output_ids), list(self.settled.logprobs)
-        versions = [segment.version for segment in self.settled.segments for _ in range(segment.tokens)]
+    def new_pieces(self, key: SampleKey, version: int | None) -> list[Piece]:
+        """What arrived since the last persist, a piece per segment (the request under way's tokens
+        included when they come from weights ``version``, None: any), and the sample's end once it has
+        ended; only the new tokens are looked at."""
+        pieces, at = [], 0
+        for segment in self.settled.segments:
+            start, end = max(at, self.persisted), at + segment.tokens
+            if start < end:
+                ids, logprobs = self.settled.output_ids[start:end], self.settled.logprobs[start:end]
+                pieces.append(Piece(key, start, ids, logprobs, segment.version))
+            at = end
         streamed = self.received
         if streamed is not None and streamed.output_ids and _streamed_version(streamed) in (version, None):
-            ids += streamed.output_ids
-            logprobs += streamed.logprobs
-            versions += [_streamed_version(streamed)] * len(streamed.output_ids)
-        return ids, logprobs, versions
+            skip = max(0, self.persisted - at)
+            if skip < len(streamed.output_ids):
+                ids, logprobs = streamed.output_ids[skip:], streamed.logprobs[skip:]
+                pieces.append(Piece(key, at + skip, ids, logprobs, _streamed_version(streamed)))
+        if streamed is None and self.settled.finished and not self.end_persisted:
+            if not pieces:
+                last = self.settled.segments[-1].version if self.settled.segments else version or 0
+                pieces.append(Piece(key, len(self.settled.output_ids), [], [], last))
+            pieces[-1].status = self.settled.status.value
+        return pieces
 
 
 def _streamed_version(received: Received) -> int | None:
@@ -162,19 +174,7 @@ class InFlight:
     def pieces(self, version: int | None) -> list[Piece]:
         """What arrived since the last persist, from weights ``version`` (an answer from others is thrown
         away, so it is not logged)."""
-        made = []
-        for key, tracked in self.tracked.items():
-            ids, logprobs, versions = tracked.response(version)
-            start = tracked.persisted
-            ends = tracked.received is None and tracked.settled.finished and not tracked.end_persisted
-            for at, count in _runs(versions, start):
-                made.append(Piece(key, at, ids[at : at + count], logprobs[at : at + count], versions[at]))
-            if ends:
-                if not made or made[-1].key != key:
-                    last = versions[-1] if versions else (version or 0)
-                    made.append(Piece(key, len(ids), [], [], last))
-                made[-1].status = tracked.settled.status.value
-        return made
+        return [piece for key, tracked in self.tracked.items() for piece in tracked.new_pieces(key, version)]
 
     async def persist(self, version: int | None) -> None:
         """Append what arrived since the last call to the log."""
@@ -209,17 +209,6 @@ class InFlight:
         log.warning("%s: %s", kind, message)
         if self.report is not None:
             await self.report(kind, message)
-
-
-def _runs(versions: list[int], start: int) -> list[tuple[int, int]]:
-    """(position, length) of each run of one version in ``versions`` from ``start`` on."""
-    runs: list[tuple[int, int]] = []
-    for at in range(start, len(versions)):
-        if runs and versions[at] == versions[runs[-1][0]]:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((at, 1))
-    return runs
 
 
 def _as_sample(logged: Logged) -> Sample:
