@@ -6,7 +6,7 @@ erld keeps a few per node (``daemon.pool``), each started as
 
 It lowers its CPU priority to the lowest (``elastic_rl.priority``), imports the
 module it will run (and so everything that module imports: torch, megatron-core,
-torchft, transformers; none of it touches CUDA or opens a device), says so on its
+torchft, transformers; none of it initialises CUDA or opens a device, see ``main``), says so on its
 stdout (a pipe erld reads; its stderr goes to the pool's log), then waits for
 its assignment: one JSON line on stdin with the argv, environment, working
 directory and log file of the process it is to become. It then runs at the
@@ -34,6 +34,9 @@ from elastic_rl.priority import lower_for_background, normal_priority
 READY = "ready"
 """The line an interpreter writes once its imports are done."""
 
+NVML_AVAILABILITY_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""Set while importing: torch.cuda.is_available() counts GPUs through NVML, without initialising CUDA."""
+
 
 def become(assignment: dict) -> None:
     """Turn this interpreter into the assigned process and run it; returns when the process ends."""
@@ -58,6 +61,11 @@ def become(assignment: dict) -> None:
 def main() -> None:
     module = sys.argv[1]
     lower_for_background()  # before any thread starts: the threads the imports start take it too
+    # Some imports ask torch whether CUDA is available (torch.utils.cpp_extension, under megatron-core).
+    # By default that asks the CUDA driver, which reads CUDA_VISIBLE_DEVICES then, once per process: with
+    # the pool's "" it would find no GPU, and the process this interpreter becomes would never see its own.
+    # Asked through NVML instead, the driver stays untouched until the assigned process first uses CUDA.
+    os.environ[NVML_AVAILABILITY_CHECK] = "1"
     importlib.import_module(module)
     # Its stdout is a pipe erld reads: the imports are done. Already taken, it has no reader any more.
     with contextlib.suppress(BrokenPipeError):

@@ -274,7 +274,8 @@ class InvariantDecoder:
         tokens = torch.tensor([token for _, _, token in rows] + [0] * padding)
         positions = torch.tensor([position for _, position, _ in rows] + [0] * padding)
         hidden = self.core.embed_tokens(tokens)
-        cos, sin = self.core.rotary_emb(hidden, positions)
+        # As a batch of one sequence: some transformers releases (5.17) index position ids as [batch, positions].
+        cos, sin = (part[0] for part in self.core.rotary_emb(hidden, positions.unsqueeze(0)))
         for index, layer in enumerate(self.core.layers):
             attention = self._attention(layer.self_attn, layer.input_layernorm(hidden), cos, sin, rows, index)
             hidden = hidden + attention
