@@ -91,6 +91,34 @@ def test_a_full_disk_cuts_the_log_back_to_what_it_held(tmp_path, monkeypatch):
     assert layout.inflight_rollouts(tmp_path) == []
 
 
+def test_a_full_disk_costs_only_the_persisting_reported_once_and_caught_up_after(tmp_path, monkeypatch):
+    events = []
+
+    async def report(kind, message):
+        events.append(kind)
+
+    def no_room(fd):
+        raise OSError(28, "No space left on device")
+
+    async def scenario():
+        inflight = InFlight(tmp_path, report)
+        await inflight.begin(0, oldest_allowed=0)
+        received = Received()
+        inflight.requesting(KEY, Sample.unstarted(), received)
+        received.add(chunk([21, 22], 2, version=0))
+        monkeypatch.setattr(os, "fsync", no_room)
+        await inflight.persist(version=0)
+        received.add(chunk([23], 3, version=0))
+        await inflight.persist(version=0)  # still full: reported once, not twice
+        assert events == ["inflight_persist_failed"]
+        monkeypatch.undo()
+        await inflight.persist(version=0)  # room again: everything that arrived meanwhile goes in
+        assert events == ["inflight_persist_failed", "inflight_persist_resumed"]
+        assert inflight_log.read(tmp_path, 0)[KEY].output_ids == [21, 22, 23]
+
+    asyncio.run(scenario())
+
+
 def test_what_arrived_is_persisted_taken_back_after_a_restart_and_stale_prefixes_dropped(tmp_path):
     events = []
 
