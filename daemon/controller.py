@@ -11,6 +11,12 @@ process: node, the node's advertise host, device slot, port, generation.
   device quarantined, or a warm spare waits to take its place). A replica's
   place goes to an idle warm spare first; otherwise a group goes to free
   slots, and where none are free the job runs on without it until some are.
+- Replicas and engines may be ranges (`{min, max}`, ``policies.capacity``): a
+  pending job starts once its minimum fits; each pass first places every
+  job's needed groups, then grows running jobs toward their maximum with the
+  slots left, in submit order. A group beyond the minimum that loses its
+  place without room elsewhere leaves the job (``replica_removed``) instead
+  of degrading it, and comes back where room frees.
 - The engine count follows `erl scale`.
 - When the services (lighthouse, router, orchestrator) move, every trainer
   group gets a new generation: their addresses changed.
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +46,7 @@ from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots, used_slots
+from policies.capacity import Sweep, in_sweep, mark_growth
 from policies.devices import DeviceKind
 from policies.placement import Group, GroupKind, place_groups
 
@@ -113,14 +121,21 @@ class Controller:
             raise NotLeader(f"{self.node} is no longer the leader")
 
     async def tick(self, cluster: Cluster) -> None:
-        for job_id, status in sorted(cluster.statuses.items(), key=lambda item: item[1].get("submitted", 0)):
-            phase = status.get("phase")
+        in_order = sorted(cluster.statuses, key=lambda job_id: cluster.statuses[job_id].get("submitted", 0))
+        for sweep in Sweep:
+            for job_id in in_order:
+                await self._decide(job_id, cluster, sweep)
+
+    async def _decide(self, job_id: str, cluster: Cluster, sweep: Sweep) -> None:
+        status = cluster.statuses[job_id]
+        phase = status.get("phase")
+        if phase == "running":
+            await self._keep_placed(job_id, status, cluster, sweep)
+        elif sweep is Sweep.NEEDED:
             assigned = cluster.assignments.get(job_id, {})
             reported = cluster.reported.get(job_id, {})
             if phase == "pending":
                 await self._place_new(job_id, status, cluster)
-            elif phase == "running":
-                await self._keep_placed(job_id, status, cluster)
             elif phase == "stopping" and not any(r.get("state") == "running" for r in reported.values()):
                 stopped = {**status, "phase": "stopped", "reason": "stopped by request", "ended": time.time()}
                 await self._commit({keys.job_status(job_id): stopped}, {keys.assignment(job_id, n) for n in assigned})
@@ -133,10 +148,18 @@ class Controller:
 
     @staticmethod
     def _wanted(spec: JobSpec, status: dict) -> dict[str, Group]:
-        """The job's groups, with the engine count `erl scale` asked for."""
+        """The job's groups at its largest, with the engine count `erl scale` asked for."""
         groups = [g for g in job_groups(spec) if g.kind is not GroupKind.ENGINE]
         groups += [engine_group(spec, i) for i in range(status.get("engines", spec.engine_count))]
         return {g.name: g for g in groups}
+
+    @staticmethod
+    def _minimums(spec: JobSpec, status: dict) -> dict[GroupKind, int]:
+        """The fewest replicas and engines the job runs with (an engine count set by `erl scale` is exact)."""
+        return {
+            GroupKind.REPLICA: spec.replica_minimum,
+            GroupKind.ENGINE: status.get("engines", spec.engine_minimum),
+        }
 
     @staticmethod
     def _assign(group: Group, node: str, devices: tuple[int, ...], nodes: dict, generation: int) -> dict[str, dict]:
@@ -160,8 +183,10 @@ class Controller:
         return made
 
     async def _place_new(self, job_id: str, status: dict, cluster: Cluster) -> None:
+        """Start a pending job with its needed groups; its growth comes in the same pass's growth sweep."""
         spec = await self._spec(job_id)
-        wanted = self._wanted(spec, status)
+        marked = mark_growth(self._wanted(spec, status).values(), (), self._minimums(spec, status))
+        wanted = {g.name: g for g in in_sweep(marked, Sweep.NEEDED)}
         placement = place_groups(list(wanted.values()), cluster.free(), kinds=cluster.kinds())
         if not placement.complete:
             if status.get("reason") != placement.reason:
@@ -186,7 +211,9 @@ class Controller:
             "job_started", f"{len(made)} processes on node(s) {', '.join(where)}", nodes=where
         )
 
-    async def _keep_placed(self, job_id: str, status: dict, cluster: Cluster) -> None:
+    async def _keep_placed(self, job_id: str, status: dict, cluster: Cluster, sweep: Sweep) -> None:
+        """The needed sweep moves and replaces what lost its place; the growth sweep adds what the job's
+        ranges allow where slots are free."""
         spec = await self._spec(job_id)
         wanted = self._wanted(spec, status)
         groups = _by_group(cluster.assignments.get(job_id, {}))
@@ -194,17 +221,19 @@ class Controller:
         generation = status.get("generation", 0) + 1
         changes = Changes()
 
-        lost = self._lost_groups(groups, wanted, reported, cluster)
+        lost = self._lost_groups(groups, wanted, reported, cluster) if sweep is Sweep.NEEDED else {}
         for group in lost:
             changes.deletes |= {keys.assignment(job_id, n) for n in groups[group]}
         kept = {g: m for g, m in groups.items() if g not in lost}
         # When the services move every trainer restarts anyway: no spare is worth promoting then.
         promoted = (
             set()
-            if SERVICES in lost
+            if SERVICES in lost or sweep is Sweep.GROWTH
             else self._promote_spares(job_id, lost, kept, groups, reported, generation, changes)
         )
-        placed, degraded = self._place_missing(job_id, status, wanted, kept, groups, lost, cluster, generation, changes)
+        placed, degraded = self._place_missing(
+            job_id, spec, status, wanted, kept, lost, cluster, generation, changes, sweep
+        )
         if SERVICES in placed and SERVICES in lost:
             # Every trainer group restarts with the services' new addresses.
             for group, members in kept.items():
@@ -215,13 +244,31 @@ class Controller:
         before = status.get("engines_placed", spec.engine_count)
         if engines != before:
             changes.events.append(("engines_scaled", f"{before} -> {engines} engines", {"engines": engines}))
-        new_status = {**status, "unplaced": sorted(degraded), "engines_placed": engines}
+        held = Counter(wanted[g].kind for g in set(kept) | placed if g in wanted)
+        minimums = self._minimums(spec, status)
+        new_status = {
+            **status,
+            "engines_placed": engines,
+            "size": {
+                "replicas": [held[GroupKind.REPLICA], minimums[GroupKind.REPLICA], spec.trainer_groups[0]],
+                "engines": [held[GroupKind.ENGINE], minimums[GroupKind.ENGINE], engines],
+            },
+        }
+        if sweep is Sweep.NEEDED:
+            new_status["unplaced"] = sorted(degraded)
         if changes.puts or changes.deletes:
             new_status["generation"] = generation
         elif new_status == status:
             return
         changes.puts[keys.job_status(job_id)] = new_status
         await self._commit(changes.puts, changes.deletes)
+        # What this pass decided is what the next sweep, and the next job, see.
+        prefix = keys.assignments(job_id)
+        assigned = {
+            name: a for name, a in cluster.assignments.get(job_id, {}).items() if prefix + name not in changes.deletes
+        }
+        assigned.update({key[len(prefix) :]: a for key, a in changes.puts.items() if key.startswith(prefix)})
+        cluster.assignments[job_id], cluster.statuses[job_id] = assigned, new_status
         events = self.events_for(job_id, Path(status["workdir"]))
         for kind, message, fields in changes.events:
             await events.emit(kind, message, **fields)
@@ -275,11 +322,27 @@ class Controller:
         return promoted
 
     def _place_missing(
-        self, job_id, status, wanted, kept, groups, lost, cluster: Cluster, generation, changes: Changes
+        self, job_id, spec, status, wanted, kept, lost, cluster: Cluster, generation, changes: Changes, sweep: Sweep
     ) -> tuple[set[str], set[str]]:
-        """Place every wanted group that has no place: lost ones, promoted spares, new engines, the
-        degraded; return the groups placed and those still without room."""
+        """Place the wanted groups without a place that ``sweep`` may place: in the needed sweep the lost,
+        promoted spares' and new engines' groups up to each kind's minimum, in the growth sweep the rest;
+        return the groups placed and the needed ones still without room."""
+        held_groups = [wanted[g] for g in kept if g in wanted]
         missing = [wanted[g] for g in wanted if g not in kept]
+        marked = mark_growth(missing, held_groups, self._minimums(spec, status))
+        if sweep is Sweep.NEEDED:
+            for group in marked:
+                if group.growth and group.name in lost:
+                    count = sum(1 for g in held_groups if g.kind is group.kind)
+                    changes.events.append(
+                        (
+                            f"{group.kind.value}_removed",
+                            f"{group.name} leaves ({lost[group.name]}): the job goes on with {count}; it grows back "
+                            "where slots come free",
+                            {"group": group.name},
+                        )
+                    )
+        missing = in_sweep(marked, sweep)
         if not missing:
             return set(), set()
         held = {n: a for members in kept.values() for n, a in members.items()}
@@ -294,7 +357,11 @@ class Controller:
                 changes.puts[keys.assignment(job_id, proc)] = assignment
                 changes.deletes.discard(keys.assignment(job_id, proc))
             kind = wanted[group].kind.value
-            if group in lost:
+            if sweep is Sweep.GROWTH:
+                changes.events.append(
+                    (f"{kind}_added", f"{group} joins on node {node}", {"group": group, "node": node})
+                )
+            elif group in lost:
                 changes.events.append(
                     (f"{kind}_moved", f"{group} moves to node {node} ({lost[group]})", {"node": node})
                 )

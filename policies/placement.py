@@ -18,6 +18,10 @@ tensor-parallel ranks, a warm spare's, one engine, or the job's three services
   of one kind, that of the first placed (torchft cannot join a replica on gloo
   with one on NCCL). A node's kind is CPU unless it is said to be CUDA.
 
+A group beyond its job's minimum (a replica or an engine that a `{min, max}` size allows but does
+not need) is placed after every needed group, only where room is left; without room it is
+`not_grown`, and the placement is still complete.
+
 Failed devices are simply not free. Ties always break the same way, so
 placement is deterministic.
 """
@@ -51,6 +55,8 @@ class Group:
     size (1 for a cpu engine), 0 for services."""
     cuda_only: bool = False
     """It runs only on GPUs: an SGLang engine, or a replica training in bf16."""
+    growth: bool = False
+    """Beyond the job's minimum: placed only with the room the needed groups leave."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,10 @@ class Placement:
     assigned: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     """Group name -> (node, device slots)."""
     unplaced: tuple[str, ...] = ()
+    """Needed groups without room."""
     reason: str = ""
+    not_grown: tuple[str, ...] = ()
+    """Growth groups without room: the job does without them."""
 
     @property
     def complete(self) -> bool:
@@ -81,8 +90,8 @@ def place_groups(
     where = dict(existing or {})
     kinds = kinds or {}
     assigned: dict[str, tuple[str, tuple[int, ...]]] = {}
-    unplaced = []
-    for group in sorted(groups, key=lambda g: (ORDER[g.kind], g.name)):
+    unplaced, not_grown = [], []
+    for group in sorted(groups, key=lambda g: (g.growth, ORDER[g.kind], index_order(g.name))):
         allowed = _allowed_kinds(group, where, kinds)
         fitting = [
             node
@@ -90,7 +99,7 @@ def place_groups(
             if len(slots) >= group.slots and kinds.get(node, DeviceKind.CPU) in allowed
         ]
         if not fitting:
-            unplaced.append(group.name)
+            (not_grown if group.growth else unplaced).append(group.name)
             continue
         count = Counter(node for kind, node in where.values() if _same_family(kind, group.kind))
         node = min(fitting, key=lambda n: (count[n], -len(free[n]), n))
@@ -106,7 +115,13 @@ def place_groups(
         )
         have = ", ".join(f"{node}: {len(slots)}" for node, slots in sorted(free.items())) or "no live node"
         reason = f"no node has room for {needs}; free device slots left: {have}"
-    return Placement(assigned, tuple(unplaced), reason)
+    return Placement(assigned, tuple(unplaced), reason, tuple(not_grown))
+
+
+def index_order(name: str) -> tuple[str, int]:
+    """replica-2 before replica-10: growth takes the lowest indices first."""
+    stem, _, index = name.rpartition("-")
+    return (stem, int(index)) if index.isdigit() else (name, 0)
 
 
 def _allowed_kinds(

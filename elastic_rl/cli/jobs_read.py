@@ -42,6 +42,8 @@ def _format_status(info: dict[str, Any]) -> str:
         lines.append(f"  degraded: {reason}")
     nodes = sorted({proc["node"] for proc in info["procs"].values() if proc.get("node")})
     lines.append(f"  work dir: {status.get('workdir')}   nodes: {', '.join(nodes) or '-'}")
+    if status.get("size"):
+        lines.append("  " + ", ".join(_size(kind, *held_min_max) for kind, held_min_max in status["size"].items()))
     reward = progress.get("reward_mean")
     lines.append(
         f"  rollouts: {progress.get('rollouts_done', 0)}/{info['num_rollouts']}   "
@@ -161,3 +163,8 @@ def add_read_commands(commands) -> None:
     logs.add_argument("job")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.add_argument("--proc", help="one process, e.g. orchestrator, engine-0, trainer-0-0")
+
+
+def _size(kind: str, held: int, least: int, most: int) -> str:
+    """What the job holds of a kind and the range it may hold: "replicas 2 (1..3)"."""
+    return f"{kind} {held} ({least if least == most else f'{least}..{most}'})"

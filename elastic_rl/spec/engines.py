@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from elastic_rl.spec.base import Component
+from elastic_rl.spec.sizes import SizeRange
 
 CPU_ENGINE_STARTUP_S = 300.0
 SGLANG_DEFAULTS = {"startup_timeout_s": 1800.0, "health_timeout_s": 10.0, "hang_timeout_s": 300.0}
@@ -21,8 +22,9 @@ class EnginesSpec(Component):
 
     kind: Literal["cpu", "sglang"] = "cpu"
     """cpu: elastic-rl's own server on a transformers model. sglang: SGLang's server (GPU)."""
-    count: PositiveInt = 2
-    """Number of engines."""
+    count: SizeRange = SizeRange(min=2, max=2)
+    """Number of engines: a number, or ``{min, max}`` for a job that starts with ``min`` and adds
+    engines up to ``max`` as slots come free."""
     tp_size: PositiveInt = 1
     """Tensor parallelism inside one SGLang engine: it takes this many GPU slots of one node. A cpu
     engine takes one slot."""

@@ -168,20 +168,30 @@ class JobSpec(Component):
 
     @property
     def engine_count(self) -> int:
-        """Engines the job starts: none when it only trains (debug.train_only)."""
-        return 0 if self.debug.train_only is not None else self.engines.count
+        """The most engines the job holds: none when it only trains (debug.train_only)."""
+        return 0 if self.debug.train_only is not None else self.engines.count.max
+
+    @property
+    def engine_minimum(self) -> int:
+        """The fewest engines the job runs with."""
+        return 0 if self.debug.train_only is not None else self.engines.count.min
 
     @property
     def trainer_groups(self) -> tuple[int, int]:
-        """(replicas, warm spares) the job starts: none when it only generates (debug.rollout_only)."""
+        """(the most replicas, warm spares) the job holds: none when it only generates (debug.rollout_only)."""
         if self.debug.rollout_only:
             return 0, 0
-        return self.trainer.replicas, self.fault_tolerance.warm_spares
+        return self.trainer.replicas.max, self.fault_tolerance.warm_spares
+
+    @property
+    def replica_minimum(self) -> int:
+        """The fewest trainer replicas the job runs with."""
+        return 0 if self.debug.rollout_only else self.trainer.replicas.min
 
     @property
     def devices_needed(self) -> int:
-        """Device slots the job takes: each engine's (its tensor-parallel size) and one per trainer
-        rank, warm spares included."""
+        """Device slots the job takes at its largest: each engine's (its tensor-parallel size) and one
+        per trainer rank, warm spares included."""
         return self.engine_count * self.engines.slots + sum(self.trainer_groups) * self.trainer.tensor_parallel
 
     @property

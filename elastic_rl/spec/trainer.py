@@ -7,13 +7,16 @@ from typing import Literal
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from elastic_rl.spec.base import Component
+from elastic_rl.spec.sizes import SizeRange
 
 
 class TrainerSpec(Component):
     """The Megatron trainer replicas."""
 
-    replicas: PositiveInt = 1
-    """Trainer replicas joined by a torchft quorum."""
+    replicas: SizeRange = SizeRange(min=1, max=1)
+    """Trainer replicas joined by a torchft quorum: a number, or ``{min, max}`` for a job that starts
+    with ``min`` and grows to ``max`` as slots come free (a new replica heals from a peer and joins
+    the quorum at a step boundary)."""
     tensor_parallel: PositiveInt = 1
     """Tensor-parallel ranks inside one replica."""
     global_batch_size: PositiveInt = 64

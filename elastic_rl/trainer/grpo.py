@@ -230,7 +230,7 @@ class GrpoTrainer:
         """Step ``index`` of the rollout, under the quorum the caller has started."""
         spec = self.spec
         step_started = time.monotonic()
-        replicas = spec.trainer.replicas
+        replicas = spec.trainer.replicas.max  # every replica slot the job may hold: the same size everywhere
         global_batch = spec.trainer.global_batch_size
         rows = torch.arange(index * global_batch, (index + 1) * global_batch)
         rank = self.manager.participating_rank() or 0
@@ -298,7 +298,7 @@ class GrpoTrainer:
         global_tokens: int,
     ) -> StepHealth:
         """Rerun each non-finite shard on its own replica, then the persistent ones on a healthy replica."""
-        replicas = self.spec.trainer.replicas
+        replicas = self.spec.trainer.replicas.max
 
         def finite_on(shard_owner: int) -> float:
             shard = shards[int(verdicts[replicas + shard_owner].item()) - 1]

@@ -33,7 +33,7 @@ def test_example_loads_with_defaults():
 def test_overrides_are_typed_and_nested():
     spec = load_spec(SPEC, ["rollout.temperature=0.7", "engines.count=4", "engines.extra_args=[--fp8]"])
     assert spec.rollout.temperature == 0.7
-    assert spec.engines.count == 4
+    assert (spec.engines.count.min, spec.engines.count.max) == (4, 4)
     assert spec.engines.extra_args == ["--fp8"]
 
 
@@ -351,5 +351,6 @@ def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
     # modules must not change it (these held across the spec's split into a package). Adding or
     # removing a field changes it on purpose, and then the values here: engines.hang_timeout_s,
     # which replaced engines.health_failure_threshold, did, and rollout.ignore_eos,
-    # continue_inflight and inflight_persist_interval_s did.
+    # continue_inflight and inflight_persist_interval_s did. A fixed trainer.replicas or engines.count
+    # is written as a number, as before they could be ranges.
     assert spec_hash(load_spec(SPEC, overrides)) == recorded

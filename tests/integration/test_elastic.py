@@ -1,0 +1,107 @@
+"""Elastic capacity on real erlds and a three-member etcd: a job whose replicas are a range
+(`trainer.replicas: {min: 1, max: 3}`) starts on one node, grows into two erlds that join mid-run, and
+goes on with fewer when one of their nodes dies, ending where the same job at a fixed single replica
+ends (the gradient does not depend on how many replicas share a step)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from safetensors.torch import load_file
+
+from chaos.topology import ErldNode, Topology
+from checkpoints import layout
+from tests.integration.erld_support import NO_POOL, job_events, metrics, run_job, status
+from tests.integration.test_replicas import assert_close_relative
+
+pytestmark = [pytest.mark.integration]
+
+ROLLOUTS = 30
+TTL_S = 6
+
+
+def job(replicas: str) -> list[str]:
+    return [
+        "--set",
+        f"rollout.num_rollouts={ROLLOUTS}",
+        "--set",
+        "rollout.prompts_per_rollout=16",
+        "--set",
+        "trainer.global_batch_size=128",
+        "--set",
+        f"trainer.replicas={replicas}",
+        "--set",
+        "checkpoints.keep_last=1000",
+        "--set",
+        "fault_tolerance.quorum_timeout_s=20",
+    ]
+
+
+def events_so_far(workdir: Path) -> list[dict]:
+    path = workdir / "events.jsonl"
+    return [orjson.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def quorum_of(size: int):
+    def reached(workdir: Path) -> bool:
+        return any(e["kind"] == "quorum_changed" and e["participants"] == size for e in events_so_far(workdir))
+
+    reached.__name__ = f"a quorum of {size}"
+    return reached
+
+
+@pytest.mark.timeout(480)
+def test_a_ranged_job_grows_into_joining_nodes_and_shrinks_out_of_a_lost_one(tmp_path):
+    root = tmp_path / "cluster"
+    # node-0's three slots hold the two engines and replica-0 (the services take none).
+    topology = Topology.cluster(root, nodes=1, cpu_devices=3, lease_ttl_s=TTL_S, pool=NO_POOL)
+    with topology:
+        fixed, elastic = tmp_path / "fixed", tmp_path / "elastic"
+        run_job(topology, fixed, job("1"))
+
+        joining = [
+            ErldNode(f"node-{i}", root / f"node-{i}", 1, topology.etcd.endpoint, lease_ttl_s=TTL_S, pool=NO_POOL)
+            for i in (1, 2)
+        ]
+        topology.nodes += joining  # stopped with the cluster
+        lost = {}
+
+        def two_nodes_join() -> None:
+            for node in joining:
+                node.start()
+            for node in joining:
+                node.wait_ready()
+
+        def replica_2s_node_dies() -> None:
+            lost["node"] = status(topology, "tiny-grpo")["procs"]["trainer-2-0"]["node"]
+            topology.node(lost["node"]).kill_node()
+
+        run_job(
+            topology,
+            elastic,
+            job("{min: 1, max: 3}"),
+            [(two_nodes_join, 2), (replica_2s_node_dies, quorum_of(3))],
+            timeout_s=420,
+        )
+        final = status(topology, "tiny-grpo")["status"]
+
+    # Every rollout trained once, and the weights are the fixed job's.
+    assert layout.committed_rollouts(elastic) == list(range(ROLLOUTS))
+    assert [line["rollout"] for line in metrics(elastic)] == list(range(ROLLOUTS))
+    weights = [load_file(str(layout.weights_dir(run, ROLLOUTS) / "model.safetensors")) for run in (fixed, elastic)]
+    assert_close_relative(*weights, 1e-5)
+
+    events = job_events(elastic)
+    started = next(e for e in events if e["kind"] == "job_started")
+    assert started["nodes"] == ["node-0"]
+    added = [e for e in events if e["kind"] == "replica_added"]
+    assert sorted(e["group"] for e in added) == ["replica-1", "replica-2"], added
+    assert {e["node"] for e in added} == {"node-1", "node-2"}
+    removed = [e for e in events if e["kind"] == "replica_removed"]
+    assert [e["group"] for e in removed] == ["replica-2"], removed
+    assert not [e for e in events if e["kind"] == "replica_degraded"], events
+    quorums = [e["participants"] for e in events if e["kind"] == "quorum_changed"]
+    assert quorums[0] == 1 and 3 in quorums and quorums[-1] == 2, quorums
+    assert final["phase"] == "succeeded" and final["size"]["replicas"] == [2, 1, 3], final
