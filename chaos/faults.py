@@ -148,6 +148,9 @@ def inject(fault: Fault, topology: Topology, status: dict, workdir: Path, rng: r
         if scaled.returncode != 0:
             raise NoTarget(f"`erl scale` refused: {scaled.stderr.strip()}")
         return Injection(kind.value, f"{fault.target} engines", now)
+    if kind is FaultKind.JOIN_NODE:
+        node = topology.join(int(fault.target or topology.nodes[0].cpu_devices))
+        return Injection(kind.value, node.name, now, [node.process.pid], node.name)
     if kind is FaultKind.FILL_DISK:
         filler = workdir / ".chaos-fill"
         _fill(filler)

@@ -51,6 +51,9 @@ class FaultKind(Enum):
     """Non-finite losses at chosen optimizer steps, on one replica (target: its index) or in the data."""
     SCALE_ENGINES = "scale_engines"
     """Not a fault but what an operator does meanwhile: `erl scale` the job to target engines."""
+    JOIN_NODE = "join_node"
+    """Not a fault but capacity appearing: a new erld joins with target device slots (default: as
+    many as the first node's)."""
 
 
 class Scenario(BaseModel):

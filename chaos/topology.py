@@ -302,6 +302,25 @@ class Topology:
     def endpoint(self) -> str:
         return self.etcd.endpoint if self.etcd else self.nodes[0].endpoint
 
+    def join(self, cpu_devices: int) -> ErldNode:
+        """A new erld joins, set up as the first one (its etcd, lease, pool, environment) with
+        ``cpu_devices`` slots; it is stopped with the others."""
+        first = self.nodes[0]
+        name = f"node-{len(self.nodes)}"
+        node = ErldNode(
+            name,
+            first.state_dir.parent / name,
+            cpu_devices,
+            self.endpoint,
+            lease_ttl_s=first.lease_ttl_s,
+            environment=first.environment,
+            pool=first.pool,
+        )
+        node.start()
+        self.nodes.append(node)
+        node.wait_ready()
+        return node
+
     def node(self, name: str) -> ErldNode:
         return next(node for node in self.nodes if node.name == name)
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from safetensors.torch import load_file
 
-from chaos.topology import ErldNode, Topology
+from chaos.topology import Topology
 from checkpoints import layout
 from tests.integration.erld_support import NO_POOL, job_events, metrics, run_job, status
 from tests.integration.test_replicas import assert_close_relative
@@ -61,22 +61,12 @@ def test_a_ranged_job_grows_into_joining_nodes_and_shrinks_out_of_a_lost_one(tmp
         fixed, elastic = tmp_path / "fixed", tmp_path / "elastic"
         run_job(topology, fixed, job("1"))
 
-        joining = [
-            ErldNode(f"node-{i}", root / f"node-{i}", 1, topology.etcd.endpoint, lease_ttl_s=TTL_S, pool=NO_POOL)
-            for i in (1, 2)
-        ]
-        topology.nodes += joining  # stopped with the cluster
-        lost = {}
-
         def two_nodes_join() -> None:
-            for node in joining:
-                node.start()
-            for node in joining:
-                node.wait_ready()
+            topology.join(1)
+            topology.join(1)
 
         def replica_2s_node_dies() -> None:
-            lost["node"] = status(topology, "tiny-grpo")["procs"]["trainer-2-0"]["node"]
-            topology.node(lost["node"]).kill_node()
+            topology.node(status(topology, "tiny-grpo")["procs"]["trainer-2-0"]["node"]).kill_node()
 
         run_job(
             topology,
