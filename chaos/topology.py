@@ -20,6 +20,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
@@ -302,20 +303,13 @@ class Topology:
     def endpoint(self) -> str:
         return self.etcd.endpoint if self.etcd else self.nodes[0].endpoint
 
-    def join(self, cpu_devices: int) -> ErldNode:
-        """A new erld joins, set up as the first one (its etcd, lease, pool, environment) with
-        ``cpu_devices`` slots; it is stopped with the others."""
+    def join(self, cpu_devices: int, **overrides: Any) -> ErldNode:
+        """A new erld joins, set up as the first one (its etcd, lease, pool, environment, unless
+        ``overrides`` sets one otherwise) with ``cpu_devices`` slots; it is stopped with the others."""
         first = self.nodes[0]
         name = f"node-{len(self.nodes)}"
-        node = ErldNode(
-            name,
-            first.state_dir.parent / name,
-            cpu_devices,
-            self.endpoint,
-            lease_ttl_s=first.lease_ttl_s,
-            environment=first.environment,
-            pool=first.pool,
-        )
+        settings = {"lease_ttl_s": first.lease_ttl_s, "environment": first.environment, "pool": first.pool}
+        node = ErldNode(name, first.state_dir.parent / name, cpu_devices, self.endpoint, **{**settings, **overrides})
         node.start()
         self.nodes.append(node)
         node.wait_ready()
