@@ -144,7 +144,8 @@ def inject(fault: Fault, topology: Topology, status: dict, workdir: Path, rng: r
             handle.write(bytes(b ^ 0xFF for b in chunk))
         return Injection(kind.value, str(snapshot.path.relative_to(workdir)), now)
     if kind is FaultKind.SCALE_ENGINES:
-        scaled = erl("scale", status["job"], "--engines", str(fault.target), "--etcd", topology.endpoint)
+        exactly = f"{fault.target}:{fault.target}"  # a new range of one count, whatever the job's range was
+        scaled = erl("scale", status["job"], "--engines", exactly, "--etcd", topology.endpoint)
         if scaled.returncode != 0:
             raise NoTarget(f"`erl scale` refused: {scaled.stderr.strip()}")
         return Injection(kind.value, f"{fault.target} engines", now)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemon.plan import SERVICES, engine_group, group_procs, job_groups, proc_spec
+from daemon.plan import SERVICES, engine_group, group_procs, job_groups, proc_spec, replica_group
 from elastic_rl import jobenv
 from elastic_rl.events import EventLog
 from elastic_rl.net import free_port
@@ -46,7 +46,7 @@ from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots, used_slots
-from policies.capacity import Sweep, in_sweep, mark_growth
+from policies.capacity import SIZED, Size, Sweep, current_sizes, in_sweep, mark_growth
 from policies.devices import DeviceKind
 from policies.placement import Group, GroupKind, place_groups
 
@@ -147,19 +147,20 @@ class Controller:
         return JobSpec.model_validate(await self.store.get(keys.job_spec(job_id)))
 
     @staticmethod
-    def _wanted(spec: JobSpec, status: dict) -> dict[str, Group]:
-        """The job's groups at its largest, with the engine count `erl scale` asked for."""
-        groups = [g for g in job_groups(spec) if g.kind is not GroupKind.ENGINE]
-        groups += [engine_group(spec, i) for i in range(status.get("engines", spec.engine_count))]
+    def _sizes(spec: JobSpec, status: dict) -> dict[GroupKind, Size]:
+        return current_sizes(spec.declared_sizes, status.get("sizes", {}))
+
+    def _wanted(self, spec: JobSpec, status: dict) -> dict[str, Group]:
+        """The job's groups at their most: as many replicas and engines as their sizes allow now."""
+        sizes = self._sizes(spec, status)
+        groups = [g for g in job_groups(spec) if g.kind not in SIZED]
+        groups += [replica_group(spec, k) for k in range(sizes[GroupKind.REPLICA].bounds[1])]
+        groups += [engine_group(spec, i) for i in range(sizes[GroupKind.ENGINE].bounds[1])]
         return {g.name: g for g in groups}
 
-    @staticmethod
-    def _minimums(spec: JobSpec, status: dict) -> dict[GroupKind, int]:
-        """The fewest replicas and engines the job runs with (an engine count set by `erl scale` is exact)."""
-        return {
-            GroupKind.REPLICA: spec.replica_minimum,
-            GroupKind.ENGINE: status.get("engines", spec.engine_minimum),
-        }
+    def _minimums(self, spec: JobSpec, status: dict) -> dict[GroupKind, int]:
+        """The fewest replicas and engines the job runs with now."""
+        return {kind: size.bounds[0] for kind, size in self._sizes(spec, status).items()}
 
     @staticmethod
     def _assign(group: Group, node: str, devices: tuple[int, ...], nodes: dict, generation: int) -> dict[str, dict]:
@@ -224,6 +225,8 @@ class Controller:
         lost = self._lost_groups(groups, wanted, reported, cluster) if sweep is Sweep.NEEDED else {}
         for group in lost:
             changes.deletes |= {keys.assignment(job_id, n) for n in groups[group]}
+            if lost[group] == "scaled away" and group.startswith("replica-"):
+                changes.events.append(("replica_removed", f"{group} leaves (`erl scale`)", {"group": group}))
         kept = {g: m for g, m in groups.items() if g not in lost}
         # When the services move every trainer restarts anyway: no spare is worth promoting then.
         promoted = (
@@ -245,14 +248,11 @@ class Controller:
         if engines != before:
             changes.events.append(("engines_scaled", f"{before} -> {engines} engines", {"engines": engines}))
         held = Counter(wanted[g].kind for g in set(kept) | placed if g in wanted)
-        minimums = self._minimums(spec, status)
+        sizes = self._sizes(spec, status)
         new_status = {
             **status,
             "engines_placed": engines,
-            "size": {
-                "replicas": [held[GroupKind.REPLICA], minimums[GroupKind.REPLICA], spec.trainer_groups[0]],
-                "engines": [held[GroupKind.ENGINE], minimums[GroupKind.ENGINE], engines],
-            },
+            "size": {name: [held[kind], *sizes[kind].bounds] for kind, name in SIZED.items()},
         }
         if sweep is Sweep.NEEDED:
             new_status["unplaced"] = sorted(degraded)

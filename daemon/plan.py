@@ -60,13 +60,21 @@ class ProcSpec:
 def job_groups(spec: JobSpec) -> list[Group]:
     tp = spec.trainer.tensor_parallel
     replicas, spares = spec.trainer_groups
-    # bf16, and a broadcast of the weights into the engines over NCCL, need the trainers on GPUs.
-    on_gpu = spec.trainer.dtype == "bf16" or spec.engines.weight_sync == "distributed"
+    on_gpu = _trainers_on_gpu(spec)
     groups = [Group(SERVICES, GroupKind.SERVICES, 0)]
     groups += [engine_group(spec, i) for i in range(spec.engine_count)]
-    groups += [Group(f"replica-{k}", GroupKind.REPLICA, tp, on_gpu) for k in range(replicas)]
+    groups += [replica_group(spec, k) for k in range(replicas)]
     groups += [Group(f"spare-{s}", GroupKind.SPARE, tp, on_gpu) for s in range(spares)]
     return groups
+
+
+def replica_group(spec: JobSpec, index: int) -> Group:
+    return Group(f"replica-{index}", GroupKind.REPLICA, spec.trainer.tensor_parallel, _trainers_on_gpu(spec))
+
+
+def _trainers_on_gpu(spec: JobSpec) -> bool:
+    # bf16, and a broadcast of the weights into the engines over NCCL, need the trainers on GPUs.
+    return spec.trainer.dtype == "bf16" or spec.engines.weight_sync == "distributed"
 
 
 def engine_group(spec: JobSpec, index: int) -> Group:

@@ -12,6 +12,7 @@ from checkpoints.rewind import rewind
 from elastic_rl.errors import ElasticRLError, InputError
 from elastic_rl.spec.engines import EnginesSpec
 from elastic_rl.spec.job import JobSpec
+from elastic_rl.spec.sizes import SizeRange, declared_sizes
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
 from elastic_rl.store.devices import (
@@ -23,6 +24,7 @@ from elastic_rl.store.devices import (
     ledger,
     live_nodes,
 )
+from policies.capacity import SIZED, OutOfRange, Size, current_sizes, rescale
 
 TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 
@@ -171,10 +173,12 @@ async def stop(store: Store, job_id: str) -> str:
     return new_phase
 
 
-async def scale(store: Store, job_id: str, engines: int) -> int:
-    """Ask erld for ``engines`` engines; returns how many run now.
+async def scale(store: Store, job_id: str, asked: dict[str, int | tuple[int, int]]) -> dict[str, tuple[Size, Size]]:
+    """Change a running job's replicas or engines: ``asked`` maps "replicas" or "engines" to a number to
+    pin within the kind's range, or a (MIN, MAX) range; returns each kind's size before and after.
 
-    More engines than the job's node has free device slots for is refused
+    A number outside the range, replicas above the most the job was submitted for (that many size
+    each step's verdicts), and a minimum the cluster's free device slots cannot hold are refused
     (``InputError``): the record holds only what is real or about to be.
     """
     status = await store.get(keys.job_status(job_id))
@@ -182,22 +186,57 @@ async def scale(store: Store, job_id: str, engines: int) -> int:
         raise ElasticRLError(f"no job {job_id!r}; `erl list` shows the jobs")
     if status.get("phase") != "running":
         raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a running job scales")
-    assigned = await store.get_prefix(keys.assignments(job_id))
-    running = sum(1 for key in assigned if keys.last_part(key).startswith("engine-"))
-    if engines > running:
-        # Not validated again: this machine may lack what the job's nodes have (SGLang, say).
-        per_engine = EnginesSpec.model_construct(**(await store.get(keys.job_spec(job_id)))["engines"]).slots
-        free = sum(
-            len(slots) // per_engine for slots in (await free_device_slots(store, await job_statuses(store))).values()
-        )
-        if free < engines - running:
+    # Read, not validated again: this machine may lack what the job's nodes have (SGLang, data files).
+    raw = await store.get(keys.job_spec(job_id))
+    declared = declared_sizes(
+        SizeRange.model_validate(raw["trainer"]["replicas"]),
+        SizeRange.model_validate(raw["engines"]["count"]),
+        bool(raw["debug"].get("rollout_only")),
+        raw["debug"].get("train_only") is not None,
+    )
+    sizes = current_sizes(declared, status.get("sizes", {}))
+    changed = {}
+    for kind, name in SIZED.items():
+        if name not in asked:
+            continue
+        try:
+            after = rescale(sizes[kind], asked[name], declared["replicas"][1] if name == "replicas" else None)
+        except OutOfRange as exc:
+            raise InputError(f"job {job_id}: --{name} {exc}; give --{name} MIN:MAX for a new range") from exc
+        changed[name] = (sizes[kind], after)
+    await _room_for(store, job_id, raw, {name: after.bounds[0] for name, (_, after) in changed.items()})
+    recorded = {name: [after.least, after.most, after.pinned] for name, (_, after) in changed.items()}
+    await store.modify(
+        keys.job_status(job_id), lambda current: {**current, "sizes": {**current.get("sizes", {}), **recorded}}
+    )
+    return changed
+
+
+async def _room_for(store: Store, job_id: str, raw: dict, minimums: dict[str, int]) -> None:
+    """Refuse a minimum above what the job holds that the free device slots cannot hold."""
+    held_names = [keys.last_part(key) for key in await store.get_prefix(keys.assignments(job_id))]
+    held = {
+        "engines": sum(1 for name in held_names if name.startswith("engine-")),
+        "replicas": sum(1 for name in held_names if name.startswith("trainer-") and name.endswith("-0")),
+    }
+    per_group = {
+        "engines": EnginesSpec.model_construct(**raw["engines"]).slots,
+        "replicas": raw["trainer"]["tensor_parallel"],
+    }
+    free_slots = None
+    for name, least in minimums.items():
+        if least <= held[name]:
+            continue
+        if free_slots is None:
+            free_slots = await free_device_slots(store, await job_statuses(store))
+        per = per_group[name]
+        room = sum(len(slots) // per for slots in free_slots.values())
+        if room < least - held[name]:
             raise InputError(
-                f"job {job_id} runs {running} engines; {engines} need {(engines - running) * per_engine} more device "
-                f"slots ({per_engine} on one node each) and the cluster has room for {free} more: ask for at most "
-                f"{running + free}, or free devices"
+                f"job {job_id} runs {held[name]} {name}; {least} need {(least - held[name]) * per} more device "
+                f"slots ({per} on one node each) and the cluster has room for {room} more: ask for at most "
+                f"{held[name] + room}, or free devices"
             )
-    await store.modify(keys.job_status(job_id), lambda current: {**current, "engines": engines})
-    return running
 
 
 async def describe_nodes(store: Store) -> dict[str, Any]:

@@ -7,13 +7,16 @@ or ``{min, max}``). A group the job needs to reach a kind's minimum is *needed*;
 Who gets free slots, in a controller pass (``Sweep``): first every job's needed groups (a pending
 job's whole minimum, a running job's groups below its minimum), jobs in submit order; then every
 running job's growth, in submit order. Warm spares count as needed: the spec asks for them by number.
+
+`erl scale` changes a running job's sizes (``rescale``): a number pins an exact count within the
+kind's range, MIN:MAX declares a new range (and clears the pin).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from policies.placement import Group, GroupKind, index_order
@@ -47,3 +50,49 @@ def mark_growth(missing: Iterable[Group], held: Iterable[Group], minimums: dict[
 def in_sweep(groups: Iterable[Group], sweep: Sweep) -> list[Group]:
     """The groups a sweep may place."""
     return [group for group in groups if group.growth == (sweep is Sweep.GROWTH)]
+
+
+@dataclass(frozen=True)
+class Size:
+    """What a job may hold of a kind: its declared range, and an exact count pinned within it."""
+
+    least: int
+    most: int
+    pinned: int | None = None
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """The fewest and the most it holds now."""
+        return (self.pinned, self.pinned) if self.pinned is not None else (self.least, self.most)
+
+    def __str__(self) -> str:
+        low, high = self.bounds
+        return str(low) if low == high else f"{low}..{high}"
+
+
+class OutOfRange(ValueError):
+    """`erl scale` asked for a size the job's range does not allow."""
+
+
+def rescale(size: Size, asked: int | tuple[int, int], ceiling: int | None = None) -> Size:
+    """The size after `erl scale` asks for ``asked``: a number, within the declared range, is pinned; a
+    (MIN, MAX) range replaces the range, MAX at most ``ceiling`` where the kind has one."""
+    if isinstance(asked, tuple):
+        least, most = asked
+        if not 1 <= least <= most:
+            raise OutOfRange(f"{least}:{most} is not a range: give MIN:MAX with 1 <= MIN <= MAX")
+        if ceiling is not None and most > ceiling:
+            raise OutOfRange(f"{least}:{most} goes above {ceiling}, the most the job was submitted for")
+        return Size(least, most)
+    if not size.least <= asked <= size.most:
+        raise OutOfRange(f"{asked} is outside the job's range {size.least}..{size.most}")
+    return Size(size.least, size.most, asked)
+
+
+SIZED = {GroupKind.REPLICA: "replicas", GroupKind.ENGINE: "engines"}
+"""The ranged kinds, by the name a job's spec, its status and `erl scale` give them."""
+
+
+def current_sizes(declared: dict[str, tuple[int, int]], recorded: dict[str, list]) -> dict[GroupKind, Size]:
+    """Each ranged kind's size: as `erl scale` recorded it in the job's status, else as the spec declares."""
+    return {kind: Size(*recorded[name]) if name in recorded else Size(*declared[name]) for kind, name in SIZED.items()}

@@ -6,6 +6,7 @@ import argparse
 
 from elastic_rl import jobs
 from elastic_rl.cli.common import add_command, endpoint
+from elastic_rl.errors import InputError
 from elastic_rl.store.client import Store
 
 
@@ -17,17 +18,24 @@ async def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an engine count: give a whole number, at least 1")
-    return int(text)
+def _size(text: str) -> int | tuple[int, int]:
+    """N (pin N within the range) or MIN:MAX (a new range)."""
+    parts = text.split(":")
+    if len(parts) > 2 or not all(part.isdigit() and int(part) >= 1 for part in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not N or MIN:MAX: give whole numbers, at least 1")
+    return int(parts[0]) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
 
 
 async def cmd_scale(args: argparse.Namespace) -> int:
+    asked = {name: value for name, value in (("replicas", args.replicas), ("engines", args.engines)) if value}
+    if not asked:
+        raise InputError("erl scale: give --replicas or --engines (N, or MIN:MAX)")
     async with Store(endpoint(args), attempts=1) as store:
         await jobs.require_daemon(store)
-        old = await jobs.scale(store, args.job, args.engines)
-    print(f"job {args.job}: engines {old} -> {args.engines}; follow it with `erl status {args.job}`")
+        changed = await jobs.scale(store, args.job, asked)
+    for name, (before, after) in changed.items():
+        print(f"job {args.job}: {name} {before} -> {after}")
+    print(f"follow it with `erl status {args.job}`")
     return 0
 
 
@@ -48,14 +56,18 @@ def add_control_commands(commands) -> None:
     scale = add_command(
         commands,
         "scale",
-        "change the number of engines of a running job",
-        "erl scale tiny-grpo --engines 3",
+        "change a running job's trainer replicas or engines: a count within its range, or a new range",
+        "erl scale tiny-grpo --engines 2:4",
         cmd_scale,
     )
     scale.add_argument("job")
-    scale.add_argument(
-        "--engines", type=_engine_count, required=True, metavar="N", help="the new engine count (at least 1)"
-    )
+    for name in ("replicas", "engines"):
+        scale.add_argument(
+            f"--{name}",
+            type=_size,
+            metavar="N|MIN:MAX",
+            help=f"N: exactly N {name}, within the job's range; MIN:MAX: a new range (grown into where slots are free)",
+        )
 
     resume = add_command(
         commands,

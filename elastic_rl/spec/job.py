@@ -23,6 +23,7 @@ from elastic_rl.spec.fault_tolerance import FaultToleranceSpec
 from elastic_rl.spec.metrics import MetricsSpec
 from elastic_rl.spec.model import ModelSpec
 from elastic_rl.spec.rollout import RolloutSpec
+from elastic_rl.spec.sizes import declared_sizes
 from elastic_rl.spec.trainer import TrainerSpec
 
 
@@ -187,6 +188,13 @@ class JobSpec(Component):
     def replica_minimum(self) -> int:
         """The fewest trainer replicas the job runs with."""
         return 0 if self.debug.rollout_only else self.trainer.replicas.min
+
+    @property
+    def declared_sizes(self) -> dict[str, tuple[int, int]]:
+        """(fewest, most) replicas and engines, as declared (`erl scale` may change them later)."""
+        return declared_sizes(
+            self.trainer.replicas, self.engines.count, self.debug.rollout_only, self.debug.train_only is not None
+        )
 
     @property
     def devices_needed(self) -> int:

@@ -49,3 +49,13 @@ class SizeRange(Component):
 
     def __str__(self) -> str:
         return str(self.min) if self.fixed else f"{self.min}..{self.max}"
+
+
+def declared_sizes(
+    replicas: SizeRange, engines: SizeRange, rollout_only: bool, train_only: bool
+) -> dict[str, tuple[int, int]]:
+    """(fewest, most) replicas and engines a job declares: none of a kind its debug mode does not run."""
+    return {
+        "replicas": (0, 0) if rollout_only else (replicas.min, replicas.max),
+        "engines": (0, 0) if train_only else (engines.min, engines.max),
+    }

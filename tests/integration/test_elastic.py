@@ -1,7 +1,8 @@
 """Elastic capacity on real erlds and a three-member etcd: a job whose replicas are a range
-(`trainer.replicas: {min: 1, max: 3}`) starts on one node, grows into two erlds that join mid-run, and
-goes on with fewer when one of their nodes dies, ending where the same job at a fixed single replica
-ends (the gradient does not depend on how many replicas share a step)."""
+(`trainer.replicas: {min: 1, max: 3}`) starts on one node, grows into two erlds that join mid-run, goes
+on with fewer when one of their nodes dies, and with one after `erl scale --replicas 1`, ending where
+the same job at a fixed single replica ends (the gradient does not depend on how many replicas share a
+step)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from safetensors.torch import load_file
 
 from chaos.topology import Topology
 from checkpoints import layout
-from tests.integration.erld_support import NO_POOL, job_events, metrics, run_job, status
+from tests.integration.erld_support import NO_POOL, erl, job_events, metrics, run_job, status
 from tests.integration.test_replicas import assert_close_relative
 
 pytestmark = [pytest.mark.integration]
 
-ROLLOUTS = 30
+ROLLOUTS = 50  # long enough for a dead node's lease to run out, and a scale-down, well before the end
 TTL_S = 6
 
 
@@ -68,11 +69,19 @@ def test_a_ranged_job_grows_into_joining_nodes_and_shrinks_out_of_a_lost_one(tmp
         def replica_2s_node_dies() -> None:
             topology.node(status(topology, "tiny-grpo")["procs"]["trainer-2-0"]["node"]).kill_node()
 
+        def scaled_to_one() -> None:
+            outside = erl("scale", "tiny-grpo", "--replicas", "1:4", "--etcd", topology.endpoint)
+            assert outside.returncode == 2 and "the most the job was submitted for" in outside.stderr
+            erl("scale", "tiny-grpo", "--replicas", "1", "--etcd", topology.endpoint, check=True)
+
+        def shrunk(workdir: Path) -> bool:
+            return any(e["kind"] == "replica_removed" for e in events_so_far(workdir))
+
         run_job(
             topology,
             elastic,
             job("{min: 1, max: 3}"),
-            [(two_nodes_join, 2), (replica_2s_node_dies, quorum_of(3))],
+            [(two_nodes_join, 2), (replica_2s_node_dies, quorum_of(3)), (scaled_to_one, shrunk)],
             timeout_s=420,
         )
         final = status(topology, "tiny-grpo")["status"]
@@ -90,8 +99,8 @@ def test_a_ranged_job_grows_into_joining_nodes_and_shrinks_out_of_a_lost_one(tmp
     assert sorted(e["group"] for e in added) == ["replica-1", "replica-2"], added
     assert {e["node"] for e in added} == {"node-1", "node-2"}
     removed = [e for e in events if e["kind"] == "replica_removed"]
-    assert [e["group"] for e in removed] == ["replica-2"], removed
+    assert [e["group"] for e in removed] == ["replica-2", "replica-1"], removed  # its node died; then scaled
     assert not [e for e in events if e["kind"] == "replica_degraded"], events
     quorums = [e["participants"] for e in events if e["kind"] == "quorum_changed"]
-    assert quorums[0] == 1 and 3 in quorums and quorums[-1] == 2, quorums
-    assert final["phase"] == "succeeded" and final["size"]["replicas"] == [2, 1, 3], final
+    assert quorums[0] == 1 and 3 in quorums and 2 in quorums and quorums[-1] == 1, quorums
+    assert final["phase"] == "succeeded" and final["size"]["replicas"] == [1, 1, 1], final

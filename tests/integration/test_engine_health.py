@@ -58,15 +58,18 @@ def test_engines_scale_and_a_killed_engine_is_replaced(daemon, tmp_path):
     """`erl scale` up to 3 engines; engine-0 SIGKILLed mid-rollout; then down to 1 engine."""
 
     def scale_up() -> None:
-        # More engines than the node's 8 device slots hold is refused, and the record keeps the real count.
-        refused = erl("scale", "tiny-grpo", "--engines", "9", "--etcd", daemon.endpoint)
+        # A count outside the job's range (2) is refused, naming the flag for a new range; so is a minimum
+        # more than the node's 8 device slots hold; the record keeps the real sizes.
+        outside = erl("scale", "tiny-grpo", "--engines", "3", "--etcd", daemon.endpoint)
+        assert outside.returncode == 2 and "range 2..2" in outside.stderr and "--engines MIN:MAX" in outside.stderr
+        refused = erl("scale", "tiny-grpo", "--engines", "9:9", "--etcd", daemon.endpoint)
         assert refused.returncode == 2 and "ask for at most 7" in refused.stderr, refused.stderr
-        assert "engines" not in status(daemon, "tiny-grpo")["status"]
-        scaled = erl("scale", "tiny-grpo", "--engines", "3", "--etcd", daemon.endpoint, check=True)
-        assert "engines 2 -> 3" in scaled.stdout
+        assert "sizes" not in status(daemon, "tiny-grpo")["status"]
+        scaled = erl("scale", "tiny-grpo", "--engines", "2:3", "--etcd", daemon.endpoint, check=True)
+        assert "engines 2 -> 2..3" in scaled.stdout
 
     def scale_down() -> None:
-        erl("scale", "tiny-grpo", "--engines", "1", "--etcd", daemon.endpoint, check=True)
+        erl("scale", "tiny-grpo", "--engines", "1:1", "--etcd", daemon.endpoint, check=True)
 
     def both_serving(workdir) -> bool:
         restarted = [e for e in job_events(workdir) if e["kind"] == "engine_serving"]
@@ -93,6 +96,8 @@ def test_engines_scale_and_a_killed_engine_is_replaced(daemon, tmp_path):
     assert finished.returncode == 1 and "only a running job scales" in finished.stderr
     invalid = erl("scale", "tiny-grpo", "--engines", "0", "--etcd", daemon.endpoint)
     assert invalid.returncode == 2 and "--engines" in invalid.stderr
+    neither = erl("scale", "tiny-grpo", "--etcd", daemon.endpoint)
+    assert neither.returncode == 2 and "--replicas or --engines" in neither.stderr
 
 
 @pytest.mark.timeout(500)

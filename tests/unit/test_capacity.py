@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from elastic_rl.spec.loading import load_spec
-from policies.capacity import Sweep, in_sweep, mark_growth
+from policies.capacity import OutOfRange, Size, Sweep, current_sizes, in_sweep, mark_growth, rescale
 from policies.placement import Group, GroupKind, place_groups
 from tests.processes import SPEC
 from tests.unit.test_config import problems
@@ -78,3 +78,30 @@ def test_growth_takes_the_lowest_index_first_past_nine():
     wanted = mark_growth([replica(k) for k in range(12)], [], minimums)
     placement = place_groups(wanted, {"a": [0, 1, 2]})
     assert set(placement.assigned) == {"replica-0", "replica-1", "replica-2"}
+
+
+def test_erl_scale_pins_a_count_within_the_range_or_sets_a_new_range():
+    declared = Size(1, 3)
+    assert rescale(declared, 2).bounds == (2, 2) and rescale(declared, 2).least == 1
+    assert rescale(rescale(declared, 2), 3).bounds == (3, 3)  # the range stays: another count within it
+    assert rescale(rescale(declared, 2), (2, 5)) == Size(2, 5)  # a new range drops the pin
+    assert str(rescale(declared, (2, 2))) == "2" and str(declared) == "1..3"
+
+
+@pytest.mark.parametrize(
+    "asked, ceiling, message",
+    [
+        (4, None, "4 is outside the job's range 1..3"),
+        ((3, 2), None, "3:2 is not a range"),
+        ((1, 4), 3, "1:4 goes above 3, the most the job was submitted for"),
+    ],
+)
+def test_erl_scale_refuses_what_the_range_does_not_allow(asked, ceiling, message):
+    with pytest.raises(OutOfRange, match=message):
+        rescale(Size(1, 3), asked, ceiling)
+
+
+def test_sizes_come_from_erl_scale_where_it_set_them_else_from_the_spec():
+    declared = {"replicas": (1, 3), "engines": (2, 2)}
+    sizes = current_sizes(declared, {"engines": [2, 4, 3]})
+    assert sizes[GroupKind.REPLICA] == Size(1, 3) and sizes[GroupKind.ENGINE].bounds == (3, 3)
