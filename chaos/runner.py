@@ -28,6 +28,9 @@ from elastic_rl.spec.loading import load_spec
 Moment = int | float | Callable[[Path], bool]
 """A rollout count, or a predicate of the work dir (e.g. "a replica has healed")."""
 Action = Fault | Callable[[], None]
+UNFINISHED = ("pending", "running", "stopping", "pausing", "paused")
+"""The phases of a job that has not ended: a paused one resumes by itself when its minimum fits."""
+
 TARGET_WAIT_S = 60.0
 
 
@@ -89,7 +92,7 @@ def run_job(
     pending = list(faults)
     deadline = time.monotonic() + timeout_s
     waiting_since = None  # when the due fault first found no target
-    while (info := job_status(topology.endpoint, job))["status"]["phase"] in ("pending", "running", "stopping"):
+    while (info := job_status(topology.endpoint, job))["status"]["phase"] in UNFINISHED:
         elapsed = time.time() - run.started
         if pending and _due(pending[0][1], workdir, info["progress"].get("rollouts_done", 0), elapsed):
             action = pending[0][0]

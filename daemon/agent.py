@@ -166,8 +166,9 @@ class JobAgent:
     ) -> None:
         """One supervision pass; ``assigned``: every assignment of the job; ``reported``: every
         process record of the job in etcd (other nodes' too); ``failed``: this node's failed slots."""
-        if status["phase"] in ("stopping", *TERMINAL_PHASES):
-            await self.stop(graceful=status["phase"] == "stopping")
+        if status["phase"] in ("stopping", "pausing", "paused", *TERMINAL_PHASES):
+            # A pausing job stops as a stopped one does (trainers finish the rollout in hand and snapshot).
+            await self.stop(graceful=status["phase"] in ("stopping", "pausing"))
             return
         mine = {name: a for name, a in assigned.items() if a["node"] == self.node}
         await self._take_promotions(mine)

@@ -20,8 +20,12 @@ process: node, the node's advertise host, device slot, port, generation.
 - The engine count follows `erl scale`.
 - When the services (lighthouse, router, orchestrator) move, every trainer
   group gets a new generation: their addresses changed.
-- A stopping job becomes stopped once none of its processes runs; a finished
-  job's assignments are removed.
+- A job without room for its minimum (of replicas or engines, or for its
+  services) for longer than `fault_tolerance.below_min_grace_s` pauses: it
+  stops as `erl stop` stops it (pausing), then is paused; it goes back to
+  pending, and so resumes from its snapshot, once its minimum fits again.
+- A stopping job becomes stopped, a pausing one paused, once none of its
+  processes runs; a finished job's assignments are removed.
 
 A changed assignment gets the job's next generation, and every write is one
 etcd transaction conditional on the leader key being the one this controller
@@ -134,12 +138,20 @@ class Controller:
         elif sweep is Sweep.NEEDED:
             assigned = cluster.assignments.get(job_id, {})
             reported = cluster.reported.get(job_id, {})
+            quiet = not any(r.get("state") == "running" for r in reported.values())
             if phase == "pending":
                 await self._place_new(job_id, status, cluster)
-            elif phase == "stopping" and not any(r.get("state") == "running" for r in reported.values()):
+            elif phase == "stopping" and quiet:
                 stopped = {**status, "phase": "stopped", "reason": "stopped by request", "ended": time.time()}
                 await self._commit({keys.job_status(job_id): stopped}, {keys.assignment(job_id, n) for n in assigned})
                 await self.events_for(job_id, Path(status["workdir"])).emit("job_stopped", "stopped by request")
+            elif phase == "pausing" and quiet:
+                paused = {**status, "phase": "paused"}
+                await self._commit({keys.job_status(job_id): paused}, {keys.assignment(job_id, n) for n in assigned})
+                cluster.statuses[job_id], cluster.assignments[job_id] = paused, {}
+                await self.events_for(job_id, Path(status["workdir"])).emit("job_paused", status["reason"])
+            elif phase == "paused":
+                await self._resume_when_it_fits(job_id, status, cluster)
             elif phase in TERMINAL_PHASES and assigned:
                 await self._commit({}, {keys.assignment(job_id, n) for n in assigned})
 
@@ -212,6 +224,21 @@ class Controller:
             "job_started", f"{len(made)} processes on node(s) {', '.join(where)}", nodes=where
         )
 
+    async def _resume_when_it_fits(self, job_id: str, status: dict, cluster: Cluster) -> None:
+        """A paused job whose minimum fits in the free slots goes back to pending: placed at the next pass,
+        its processes resume from the newest snapshot."""
+        spec = await self._spec(job_id)
+        marked = mark_growth(self._wanted(spec, status).values(), (), self._minimums(spec, status))
+        if not place_groups(in_sweep(marked, Sweep.NEEDED), cluster.free(), kinds=cluster.kinds()).complete:
+            return
+        queued = {**status, "phase": "pending", "reason": "", "resumed": time.time(), "degraded": []}
+        queued.pop("below_min_since", None)
+        await self._commit({keys.job_status(job_id): queued})
+        cluster.statuses[job_id] = queued
+        await self.events_for(job_id, Path(status["workdir"])).emit(
+            "job_resumed", "room for its minimum again: it resumes from its newest snapshot"
+        )
+
     async def _keep_placed(self, job_id: str, status: dict, cluster: Cluster, sweep: Sweep) -> None:
         """The needed sweep moves and replaces what lost its place; the growth sweep adds what the job's
         ranges allow where slots are free."""
@@ -256,6 +283,7 @@ class Controller:
         }
         if sweep is Sweep.NEEDED:
             new_status["unplaced"] = sorted(degraded)
+            self._below_minimum(spec, new_status, {g for g in degraded if wanted[g].kind is not GroupKind.SPARE})
         if changes.puts or changes.deletes:
             new_status["generation"] = generation
         elif new_status == status:
@@ -272,6 +300,20 @@ class Controller:
         events = self.events_for(job_id, Path(status["workdir"]))
         for kind, message, fields in changes.events:
             await events.emit(kind, message, **fields)
+
+    @staticmethod
+    def _below_minimum(spec: JobSpec, status: dict, short: set[str]) -> None:
+        """Note in ``status`` since when the job has lacked room for its minimum (``short``: the needed
+        groups without room; a warm spare is not needed to make progress), and set it pausing once
+        that lasted longer than its grace."""
+        if not short:
+            status.pop("below_min_since", None)
+            return
+        since = status.setdefault("below_min_since", time.time())
+        grace = spec.fault_tolerance.below_min_grace_s
+        if time.time() - since > grace:
+            status["phase"] = "pausing"
+            status["reason"] = f"no room for {', '.join(sorted(short))} for {grace:g} s: paused until there is"
 
     @staticmethod
     def _lost_groups(groups: dict, wanted: dict, reported: dict, cluster: Cluster) -> dict[str, str]:

@@ -136,12 +136,13 @@ async def describe(store: Store, job_id: str, events: int = 10) -> dict[str, Any
 
 
 async def resume(store: Store, job_id: str, snapshot_step: int | None = None) -> None:
-    """Put a stopped or failed job back in the queue; its processes resume from the newest snapshot."""
+    """Put a stopped, failed or paused job back in the queue; its processes resume from the newest
+    snapshot (a paused job waits, pending, for room for its minimum, as it would have by itself)."""
     status = await store.get(keys.job_status(job_id))
     if status is None:
         raise ElasticRLError(f"no job {job_id!r}; `erl list` shows the jobs")
-    if status.get("phase") not in ("stopped", "failed"):
-        raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a stopped or failed job resumes")
+    if status.get("phase") not in ("stopped", "failed", "paused"):
+        raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a stopped, failed or paused job resumes")
     if snapshot_step is not None:
         last_rollout = rewind(Path(status["workdir"]), snapshot_step)
         progress = await store.get(keys.job_progress(job_id)) or {}
@@ -166,7 +167,7 @@ async def stop(store: Store, job_id: str) -> str:
     phase = status.get("phase")
     if phase in TERMINAL_PHASES:
         return phase
-    new_phase = "stopped" if phase == "pending" else "stopping"
+    new_phase = "stopped" if phase in ("pending", "paused") else "stopping"
     await store.modify(
         keys.job_status(job_id), lambda current: {**current, "phase": new_phase, "reason": "stopped by request"}
     )

@@ -36,6 +36,10 @@ class FaultToleranceSpec(Component):
     """Window over which restarts are counted."""
     warm_spares: int = Field(0, ge=0)
     """Spare trainer processes kept with the model built, ready to replace a replica."""
+    below_min_grace_s: PositiveFloat = 300.0
+    """How long the job runs on without room for its minimum (of replicas or engines, or for its
+    services) before it pauses: its processes stop as `erl stop` stops them (trainers snapshot), and
+    it resumes by itself once the minimum fits again."""
     stop_grace_s: PositiveFloat = 30.0
     """How long `erl stop` waits for processes to exit (trainers finish the rollout in hand and snapshot)."""
     max_consecutive_nan_skips: PositiveInt = 3

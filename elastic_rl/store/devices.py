@@ -17,7 +17,7 @@ from typing import Any
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 
-ACTIVE_PHASES = ("running", "stopping")
+ACTIVE_PHASES = ("running", "stopping", "pausing")
 
 
 async def job_statuses(store: Store) -> dict[str, dict[str, Any]]:
