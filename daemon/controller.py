@@ -17,7 +17,7 @@ process: node, the node's advertise host, device slot, port, generation.
   slots left, in submit order. A group beyond the minimum that loses its
   place without room elsewhere leaves the job (``replica_removed``) instead
   of degrading it, and comes back where room frees.
-- The engine count follows `erl scale`.
+- Replica and engine sizes follow `erl scale` (a count pinned within the range, or a new range).
 - When the services (lighthouse, router, orchestrator) move, every trainer
   group gets a new generation: their addresses changed.
 - A job without room for its minimum (of replicas or engines, or for its

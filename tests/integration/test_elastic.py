@@ -37,6 +37,10 @@ def job(replicas: str) -> list[str]:
         "checkpoints.keep_last=1000",
         "--set",
         "fault_tolerance.quorum_timeout_s=20",
+        # A replica killed inside a cross-replica all-reduce holds the survivors for this long (gloo on
+        # CPU): the default 60 s would be most of the test.
+        "--set",
+        "fault_tolerance.collective_timeout_s=10",
     ]
 
 
