@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from daemon.pool import POOL_NODE
 from elastic_rl import jobenv
 from elastic_rl.net import LOOPBACK, free_port
 from elastic_rl.store import keys
@@ -209,12 +210,14 @@ class ErldNode:
         return {process.pid for process in self._job_processes()}
 
     def _job_processes(self) -> list[psutil.Process]:
-        """The job processes this erld started: its node name on this topology's etcd (another
-        topology's, a concurrent test session's, may share the name)."""
+        """The processes this erld started, its pool's interpreters included: its node name on this
+        topology's etcd (another topology's, a concurrent test session's, may share the name). A process
+        that was a pooled interpreter shows the pool's environment, not its job's, in /proc."""
         return [
             p
             for p in psutil.process_iter(["pid"])
-            if (env := _env_of(p)).get(jobenv.NODE) == self.name and env.get(jobenv.ETCD) == self.endpoint
+            if self.name in ((env := _env_of(p)).get(jobenv.NODE), env.get(POOL_NODE))
+            and env.get(jobenv.ETCD) == self.endpoint
         ]
 
 

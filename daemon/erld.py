@@ -48,6 +48,7 @@ from daemon.notify import SystemdNotifier, child_environment
 from daemon.plan import node_environment
 from daemon.pool import InterpreterPool
 from daemon.proctable import ProcessTable, ProcState
+from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.errors import InputError
 from elastic_rl.events import EventLog
@@ -122,7 +123,12 @@ class Erld:
         self.child_exit = asyncio.Event()
         """Set by SIGCHLD: a process erld started has exited."""
         self.metrics = MetricsServer(self, config.advertise_host, config.metrics_port)
-        self.pool = InterpreterPool(self.node, config.pool_sizes, state_dir, node_environment())
+        # The etcd goes into the pool's environment too: a pooled interpreter's /proc environ stays the pool's
+        # after it becomes a job process, and the node's name with the etcd is what tells its node's
+        # processes apart from another cluster's (the chaos harness's node deaths find them so).
+        self.pool = InterpreterPool(
+            self.node, config.pool_sizes, state_dir, {**node_environment(), jobenv.ETCD: endpoint}
+        )
 
     def _events(self, job_id: str, workdir: Path) -> EventLog:
         return EventLog(self.store, job_id, workdir, self.node)
