@@ -170,6 +170,11 @@ class Controller:
         groups += [engine_group(spec, i) for i in range(sizes[GroupKind.ENGINE].bounds[1])]
         return {g.name: g for g in groups}
 
+    def _minimum(self, spec: JobSpec, status: dict) -> list[Group]:
+        """The groups a job starts with: its services, spares and the fewest replicas and engines."""
+        marked = mark_growth(self._wanted(spec, status).values(), (), self._minimums(spec, status))
+        return in_sweep(marked, Sweep.NEEDED)
+
     def _minimums(self, spec: JobSpec, status: dict) -> dict[GroupKind, int]:
         """The fewest replicas and engines the job runs with now."""
         return {kind: size.bounds[0] for kind, size in self._sizes(spec, status).items()}
@@ -198,8 +203,7 @@ class Controller:
     async def _place_new(self, job_id: str, status: dict, cluster: Cluster) -> None:
         """Start a pending job with its needed groups; its growth comes in the same pass's growth sweep."""
         spec = await self._spec(job_id)
-        marked = mark_growth(self._wanted(spec, status).values(), (), self._minimums(spec, status))
-        wanted = {g.name: g for g in in_sweep(marked, Sweep.NEEDED)}
+        wanted = {g.name: g for g in self._minimum(spec, status)}
         placement = place_groups(list(wanted.values()), cluster.free(), kinds=cluster.kinds())
         if not placement.complete:
             if status.get("reason") != placement.reason:
@@ -228,8 +232,7 @@ class Controller:
         """A paused job whose minimum fits in the free slots goes back to pending: placed at the next pass,
         its processes resume from the newest snapshot."""
         spec = await self._spec(job_id)
-        marked = mark_growth(self._wanted(spec, status).values(), (), self._minimums(spec, status))
-        if not place_groups(in_sweep(marked, Sweep.NEEDED), cluster.free(), kinds=cluster.kinds()).complete:
+        if not place_groups(self._minimum(spec, status), cluster.free(), kinds=cluster.kinds()).complete:
             return
         queued = {**status, "phase": "pending", "reason": "", "resumed": time.time(), "degraded": []}
         queued.pop("below_min_since", None)

@@ -29,7 +29,8 @@ class Sweep(Enum):
     GROWTH = "growth"
 
 
-RANGED_KINDS = (GroupKind.REPLICA, GroupKind.ENGINE)
+SIZED = {GroupKind.REPLICA: "replicas", GroupKind.ENGINE: "engines"}
+"""The ranged kinds, by the name a job's spec, its status and `erl scale` give them."""
 
 
 def mark_growth(missing: Iterable[Group], held: Iterable[Group], minimums: dict[GroupKind, int]) -> list[Group]:
@@ -39,7 +40,7 @@ def mark_growth(missing: Iterable[Group], held: Iterable[Group], minimums: dict[
     count = Counter(group.kind for group in held)
     marked = []
     for group in sorted(missing, key=lambda group: index_order(group.name)):
-        if group.kind in RANGED_KINDS:
+        if group.kind in SIZED:
             needed = count[group.kind] < minimums.get(group.kind, 0)
             count[group.kind] += needed
             group = replace(group, growth=not needed)
@@ -87,10 +88,6 @@ def rescale(size: Size, asked: int | tuple[int, int], ceiling: int | None = None
     if not size.least <= asked <= size.most:
         raise OutOfRange(f"{asked} is outside the job's range {size.least}..{size.most}")
     return Size(size.least, size.most, asked)
-
-
-SIZED = {GroupKind.REPLICA: "replicas", GroupKind.ENGINE: "engines"}
-"""The ranged kinds, by the name a job's spec, its status and `erl scale` give them."""
 
 
 def current_sizes(declared: dict[str, tuple[int, int]], recorded: dict[str, list]) -> dict[GroupKind, Size]:

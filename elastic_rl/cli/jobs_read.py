@@ -16,6 +16,7 @@ from elastic_rl import jobs
 from elastic_rl.cli.common import add_command, endpoint
 from elastic_rl.errors import ElasticRLError
 from elastic_rl.store.client import Store
+from policies.capacity import Size
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
@@ -167,4 +168,4 @@ def add_read_commands(commands) -> None:
 
 def _size(kind: str, held: int, least: int, most: int) -> str:
     """What the job holds of a kind and the range it may hold: "replicas 2 (1..3)"."""
-    return f"{kind} {held} ({least if least == most else f'{least}..{most}'})"
+    return f"{kind} {held} ({Size(least, most)})"

@@ -173,21 +173,11 @@ class JobSpec(Component):
         return 0 if self.debug.train_only is not None else self.engines.count.max
 
     @property
-    def engine_minimum(self) -> int:
-        """The fewest engines the job runs with."""
-        return 0 if self.debug.train_only is not None else self.engines.count.min
-
-    @property
     def trainer_groups(self) -> tuple[int, int]:
         """(the most replicas, warm spares) the job holds: none when it only generates (debug.rollout_only)."""
         if self.debug.rollout_only:
             return 0, 0
         return self.trainer.replicas.max, self.fault_tolerance.warm_spares
-
-    @property
-    def replica_minimum(self) -> int:
-        """The fewest trainer replicas the job runs with."""
-        return 0 if self.debug.rollout_only else self.trainer.replicas.min
 
     @property
     def declared_sizes(self) -> dict[str, tuple[int, int]]:

@@ -47,9 +47,6 @@ class SizeRange(Component):
     def fixed(self) -> bool:
         return self.min == self.max
 
-    def __str__(self) -> str:
-        return str(self.min) if self.fixed else f"{self.min}..{self.max}"
-
 
 def declared_sizes(
     replicas: SizeRange, engines: SizeRange, rollout_only: bool, train_only: bool

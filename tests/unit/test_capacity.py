@@ -24,9 +24,9 @@ def engine(i: int) -> Group:
 
 def test_a_number_is_a_fixed_size_and_a_range_is_min_to_max():
     fixed = load_spec(SPEC, ["engines.count=3"])
-    assert (fixed.engine_minimum, fixed.engine_count) == (3, 3) and fixed.engines.count.fixed
+    assert fixed.declared_sizes["engines"] == (3, 3) and fixed.engine_count == 3 and fixed.engines.count.fixed
     ranged = load_spec(SPEC, ["trainer.replicas={min: 1, max: 3}"])
-    assert (ranged.replica_minimum, ranged.trainer_groups) == (1, (3, 0))
+    assert ranged.declared_sizes["replicas"] == (1, 3) and ranged.trainer_groups == (3, 0)
     assert ranged.devices_needed == 2 + 3  # at its largest: what `erl run` sizes its erld by
 
 
