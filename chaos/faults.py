@@ -149,6 +149,15 @@ def inject(fault: Fault, topology: Topology, status: dict, workdir: Path, rng: r
         if scaled.returncode != 0:
             raise NoTarget(f"`erl scale` refused: {scaled.stderr.strip()}")
         return Injection(kind.value, f"{fault.target} engines", now)
+    if kind is FaultKind.DRAIN:
+        name = _pick_node(topology, status, fault.target)
+        erl("drain", name, "--deadline", str(fault.duration_s), "--etcd", topology.endpoint, check=True)
+        return Injection(kind.value, name, now, [], name, ends=now + fault.duration_s)
+    if kind is FaultKind.PREEMPT:
+        node = topology.node(_pick_node(topology, status, fault.target))
+        node.process.send_signal(signal.SIGTERM)  # the notice: erld drains its node
+        _later(fault.duration_s, node.kill_node)
+        return Injection(kind.value, node.name, now, [node.process.pid], node.name, ends=now + fault.duration_s)
     if kind is FaultKind.JOIN_NODE:
         node = topology.join(int(fault.target or topology.nodes[0].cpu_devices))
         return Injection(kind.value, node.name, now, [node.process.pid], node.name)

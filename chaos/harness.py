@@ -65,7 +65,14 @@ def make_topology(scenario: ChaosScenario, root: Path, environment: dict[str, st
     if shape.nodes == 1 and shape.etcd_members == 1:
         return Topology.single(root, shape.cpu_devices, environment, pool=shape.pool)
     return Topology.cluster(
-        root, shape.nodes, shape.cpu_devices, shape.etcd_members, shape.lease_ttl_s, environment, pool=shape.pool
+        root,
+        shape.nodes,
+        shape.cpu_devices,
+        shape.etcd_members,
+        shape.lease_ttl_s,
+        environment,
+        pool=shape.pool,
+        drain_on_term_s=shape.drain_on_term_s,
     )
 
 
@@ -148,7 +155,7 @@ def run_scenario(scenario: ChaosScenario, out: Path, cache: Path | None = None) 
         result = ScenarioResult(scenario, [], [], reference_wall, 0.0, out, error=f"a fault found no target: {exc}")
         write_report(result, None, reference)
         return result
-    checks = check_run(workdir, reference, run.status, scenario.weights_tolerance)
+    checks = check_run(workdir, reference, run.status, scenario.weights_tolerance, scenario.nothing_redone)
     result = ScenarioResult(
         scenario, checks, analyse_faults(run, workdir, reference), reference_wall, wall_time(workdir), out
     )

@@ -21,6 +21,9 @@ the same spec and returns one ``Check`` per invariant:
    death: what the engines generated in all (their own counts, kept by erld:
    ``engines.token_ledger``) less the reference's, where both runs draw the
    same tokens (deterministic, no partial rollout).
+9. after a drain that met its deadline, nothing redone: no replica resumed from a
+   snapshot behind the published weights (its replay would train rollouts again),
+   no process crashed or was restarted, and no group was taken at the deadline.
 
 The run must keep its whole rollout log and every snapshot (the harness sets
 ``checkpoints.keep_last`` high).
@@ -227,6 +230,24 @@ def check_tokens_once(run: Path, reference: Path, spec: JobSpec, events: list[di
     return Check(name, extra <= allowed, detail)
 
 
+REDONE_AFTER_A_DRAIN = ("proc_exited", "proc_restarted", "drain_overdue")
+"""Events that a drain meeting its deadline never causes: each means some work was lost or done again."""
+
+
+def check_nothing_redone(events: list[dict]) -> Check:
+    redone = [
+        f"{e['kind']} ({e.get('proc') or e.get('group') or '-'})"
+        for e in events
+        if e["kind"] in REDONE_AFTER_A_DRAIN or (e["kind"] == "trainer_resumed" and e.get("redone_rollouts", 1))
+    ]
+    if redone:
+        return Check("a drain redid nothing", False, ", ".join(redone))
+    left = sum(1 for e in events if e["kind"] in ("replica_left", "orchestrator_left", "engine_draining"))
+    return Check(
+        "a drain redid nothing", True, f"{left} process(es) left at a safe point; no step trained twice, no crash"
+    )
+
+
 def check_terminal(status: dict) -> Check:
     phase, reason = status.get("phase"), status.get("reason", "")
     if phase == "succeeded":
@@ -236,12 +257,17 @@ def check_terminal(status: dict) -> Check:
     return Check("the job ended with a reason", False, f"{phase} without a reason")
 
 
-def check_run(run: Path, reference: Path, status: dict, tolerance: float | None) -> list[Check]:
+def check_run(
+    run: Path, reference: Path, status: dict, tolerance: float | None, nothing_redone: bool = False
+) -> list[Check]:
+    """Every invariant; ``nothing_redone``: the faults left time enough to hand work over (9)."""
     spec = read_spec(run)
     events = jsonl(layout.events_path(run))
     checks = [check_terminal(status)]
     if status.get("phase") != "succeeded":
         return checks
+    if nothing_redone:
+        checks.append(check_nothing_redone(events))
     return checks + [
         check_prompts(run, reference, spec),
         check_rollouts_applied_once(run, spec),

@@ -51,6 +51,12 @@ class FaultKind(Enum):
     """Non-finite losses at chosen optimizer steps, on one replica (target: its index) or in the data."""
     SCALE_ENGINES = "scale_engines"
     """Not a fault but what an operator does meanwhile: `erl scale` the job to target engines."""
+    DRAIN = "drain"
+    """`erl drain` of a node (target as for kill_node), with ``duration_s`` as its deadline: its work leaves
+    at safe points; the erld stays."""
+    PREEMPT = "preempt"
+    """A preemption: SIGTERM to the node's erld, which drains its node on it (``topology.drain_on_term_s``,
+    `erl daemon --drain-on-term`), then the whole node SIGKILLed ``duration_s`` later, whatever is left."""
     JOIN_NODE = "join_node"
     """Not a fault but capacity appearing: a new erld joins with target device slots (default: as
     many as the first node's)."""
@@ -105,6 +111,8 @@ class Topology(Scenario):
     """Put the work dir on a tmpfs of this size (for fill_disk)."""
     pool: dict[str, int] | None = None
     """Pre-imported interpreters each erld keeps per process kind (`erl daemon --pool`); None: erld's defaults."""
+    drain_on_term_s: float | None = Field(None, gt=0)
+    """Each erld drains its node on SIGTERM within this many seconds (`erl daemon --drain-on-term`)."""
 
 
 class ChaosScenario(Scenario):
@@ -119,6 +127,9 @@ class ChaosScenario(Scenario):
     """Largest relative difference of any weight to the fault-free run's; 0 is bitwise; null: not
     compared, for faults that change what is trained (a batch quarantined as bad data)."""
     timeout_s: float = Field(900.0, gt=0)
+    nothing_redone: bool = False
+    """The faults leave time enough to hand work over (a drain or preemption with a long notice): checked
+    too that nothing was redone (no resume from a snapshot, no crash, nothing taken at a deadline)."""
 
     @model_validator(mode="after")
     def _fits_the_topology(self) -> ChaosScenario:
@@ -127,8 +138,11 @@ class ChaosScenario(Scenario):
                 raise ValueError(f"a {fault.kind.value} fault needs `at`")
             if fault.kind is FaultKind.KILL_ETCD_MEMBER and self.topology.etcd_members < 3:
                 raise ValueError("kill_etcd_member needs topology.etcd_members >= 3 (a quorum must survive)")
-            if fault.kind is FaultKind.KILL_NODE and self.topology.nodes < 2:
-                raise ValueError("kill_node needs topology.nodes >= 2 (the work must go somewhere)")
+            node_faults = (FaultKind.KILL_NODE, FaultKind.DRAIN, FaultKind.PREEMPT)
+            if fault.kind in node_faults and self.topology.nodes < 2:
+                raise ValueError(f"{fault.kind.value} needs topology.nodes >= 2 (the work must go somewhere)")
+            if fault.kind is FaultKind.PREEMPT and self.topology.drain_on_term_s is None:
+                raise ValueError("preempt needs topology.drain_on_term_s (the erlds drain on SIGTERM)")
             if fault.kind is FaultKind.FILL_DISK and self.topology.workdir_tmpfs_mb is None:
                 raise ValueError("fill_disk needs topology.workdir_tmpfs_mb")
         return self

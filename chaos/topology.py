@@ -112,6 +112,8 @@ class ErldNode:
     """`all` or a count: the node offers its GPUs (`erl daemon --gpus`) instead of ``cpu_devices``."""
     pool: dict[str, int] | None = None
     """Idle pre-imported interpreters per process kind (`erl daemon --pool`); None: erld's defaults."""
+    drain_on_term_s: float | None = None
+    """On SIGTERM the erld drains its node within this many seconds (`erl daemon --drain-on-term`)."""
     process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -120,6 +122,7 @@ class ErldNode:
         metrics = ["--metrics-port", str(self.metrics_port)] if self.metrics_port else []
         slots = ["--gpus", self.gpus] if self.gpus else ["--cpu-devices", str(self.cpu_devices)]
         pool = [arg for kind, size in (self.pool or {}).items() for arg in ("--pool", f"{kind}={size}")]
+        drain = ["--drain-on-term", str(self.drain_on_term_s)] if self.drain_on_term_s else []
         log = open(self.state_dir / "erld.log", "ab")
         self.process = subprocess.Popen(
             [
@@ -137,6 +140,7 @@ class ErldNode:
                 *where,
                 *metrics,
                 *pool,
+                *drain,
             ],
             cwd=REPO,
             env={**os.environ, **self.environment},
@@ -286,6 +290,7 @@ class Topology:
         lease_ttl_s: int = 4,
         environment: dict[str, str] | None = None,
         pool: dict[str, int] | None = None,
+        drain_on_term_s: float | None = None,
     ) -> Topology:
         etcd = EtcdCluster(root / "etcd", etcd_members)
         made = [
@@ -297,6 +302,7 @@ class Topology:
                 lease_ttl_s=lease_ttl_s,
                 environment=environment or {},
                 pool=pool,
+                drain_on_term_s=drain_on_term_s,
             )
             for i in range(nodes)
         ]
@@ -311,7 +317,12 @@ class Topology:
         ``overrides`` sets one otherwise) with ``cpu_devices`` slots; it is stopped with the others."""
         first = self.nodes[0]
         name = f"node-{len(self.nodes)}"
-        settings = {"lease_ttl_s": first.lease_ttl_s, "environment": first.environment, "pool": first.pool}
+        settings = {
+            "lease_ttl_s": first.lease_ttl_s,
+            "environment": first.environment,
+            "pool": first.pool,
+            "drain_on_term_s": first.drain_on_term_s,
+        }
         node = ErldNode(name, first.state_dir.parent / name, cpu_devices, self.endpoint, **{**settings, **overrides})
         node.start()
         self.nodes.append(node)

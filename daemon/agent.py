@@ -14,6 +14,11 @@ processes it runs here and acts:
   backoff (a trainer's partner ranks with it), report a replica as displaced
   for the controller to move, or fail the job.
 
+On a draining node (``policies.drain``) an engine whose assignment is marked
+``drain`` leaves the router, finishes the requests it holds (the orchestrator
+continues any it cannot finish on another engine) and stops; a process that
+leaves at its safe point is reported ``drained``, never restarted.
+
 The agent holding the job's services also exports the initial weights of a
 job with no trainer (replica 0 writes them otherwise) and registers every
 serving engine with the router whenever the router starts; each agent
@@ -51,6 +56,7 @@ from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots, mark_failed
 from policies.devices import DeviceKind
+from policies.drain import engine_may_stop
 from policies.engine_health import EngineLoad, EngineWatch
 from policies.exits import ExitAction, ExitDecision, ExitFacts, decide_exit
 from policies.restart import RestartPolicy
@@ -60,6 +66,10 @@ log = logging.getLogger("erld.agent")
 TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 REAP_TIMEOUT_S = 5.0  # a SIGKILLed process is gone within this; one that is not is reported anyway
 STOPPING_READ_TIMEOUT_S = 1.0
+ENGINE_HANDOVER_S = 10.0
+"""A draining engine still busy this long before its node's deadline stops anyway: the orchestrator
+continues what it held on another engine in the time left."""
+ENGINE_DRAIN_POLL_S = 0.5
 
 
 class JobAgent:
@@ -173,6 +183,7 @@ class JobAgent:
         mine = {name: a for name, a in assigned.items() if a["node"] == self.node}
         await self._take_promotions(mine)
         await self._drop_unassigned(mine, assigned)
+        await self._drain_engines(mine, assigned)
         now = time.time()
         for proc in self.table.of_job(self.job_id):
             if proc.state is ProcState.RUNNING and not self.table.alive(proc):
@@ -231,6 +242,35 @@ class JobAgent:
             self.published.pop(proc.name, None)
             await self.store.delete(keys.proc(self.job_id, proc.name))
 
+    async def _drain_engines(self, mine: dict[str, dict], assigned: dict[str, dict]) -> None:
+        """Engines asked to leave this draining node: out of the router now, stopped once their requests
+        are done or the deadline nears (``policies.drain.engine_may_stop``)."""
+        for name, assignment in mine.items():
+            proc = self.table.get(self.job_id, name)
+            if "drain" not in assignment or proc is None or proc.draining or proc.state is not ProcState.RUNNING:
+                continue
+            if proc_spec(name).role is not Role.ENGINE:
+                continue
+            proc.draining = True
+            if proc.serving and "router" in assigned:
+                await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host))
+            proc.serving = False
+            self.health_watches.pop(name, None)
+            self._in_background(name, self._stop_when_idle(proc, assignment["drain"]))
+            await self.events.emit(
+                "engine_draining", "out of the router; finishing its requests", proc=name, device=proc.device
+            )
+
+    async def _stop_when_idle(self, proc: LocalProc, deadline: float) -> None:
+        engine = EngineClient(url(proc.port, host=self.host))
+        while True:
+            load = await engine.load(self.spec.engines.health_timeout_s)
+            if engine_may_stop(load and load.holding_work, time.time(), deadline, ENGINE_HANDOVER_S):
+                break
+            await asyncio.sleep(ENGINE_DRAIN_POLL_S)
+        self._record_engine_tokens({proc.name: load})
+        self.table.signal(proc, signal.SIGKILL)
+
     # --- exits --------------------------------------------------------------------------
 
     def _partners(self, proc: LocalProc) -> list[LocalProc]:
@@ -239,6 +279,9 @@ class JobAgent:
 
     async def _on_exit(self, proc: LocalProc, assigned: dict, reported: dict, now: float) -> None:
         spec = proc_spec(proc.name)
+        if proc.draining:
+            proc.state = ProcState.DRAINED  # an engine that left its draining node: the controller moves it
+            return
         progress = await self.store.get(keys.job_progress(self.job_id)) or {}
         idle_spare = any(
             record.get("role") == "spare" and record.get("state") == "running"
@@ -261,6 +304,9 @@ class JobAgent:
             await self._publish(proc)
             await self._set_phase("succeeded", "")
             await self.events.emit("job_succeeded", decision.reason)
+            return
+        if decision.action is ExitAction.DRAINED:
+            proc.state = ProcState.DRAINED  # left at its safe point: the controller moves it
             return
         if decision.action is ExitAction.DONE:
             proc.state = ProcState.EXITED

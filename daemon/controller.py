@@ -19,7 +19,14 @@ process: node, the node's advertise host, device slot, port, generation.
   of degrading it, and comes back where room frees.
 - Replica and engine sizes follow `erl scale` (a count pinned within the range, or a new range).
 - When the services (lighthouse, router, orchestrator) move, every trainer
-  group gets a new generation: their addresses changed.
+  group gets a new generation: their addresses changed. Not when they leave
+  a draining node: the trainers follow the new lighthouse in process.
+- A draining node (`erl drain`, ``policies.drain``) gets no new process; each
+  group there is asked to leave at its safe point (its assignments marked
+  ``drain``, same generation), placed elsewhere once it has left, and taken
+  as from a dead node if the deadline comes first. The services leave once
+  the orchestrator has committed and gone and the trainers have trained
+  what it committed, so the lighthouse is idle when it moves.
 - A job without room for its minimum (of replicas or engines, or for its
   services) for longer than `fault_tolerance.below_min_grace_s` pauses: it
   stops as `erl stop` stops it (pausing), then is paused; it goes back to
@@ -42,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkpoints import layout
 from daemon.plan import SERVICES, engine_group, group_procs, job_groups, proc_spec, replica_group
 from elastic_rl import jobenv
 from elastic_rl.events import EventLog
@@ -52,6 +60,7 @@ from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots, used_slots
 from policies.capacity import SIZED, Size, Sweep, current_sizes, in_sweep, mark_growth
 from policies.devices import DeviceKind
+from policies.drain import DRAINED_STATE, DrainStep, drain_step
 from policies.placement import Group, GroupKind, place_groups
 
 log = logging.getLogger("erld.controller")
@@ -74,12 +83,16 @@ class Cluster:
     """Job -> process -> the record its agent reports."""
     failed: dict[str, set[int]]
     progress: dict[str, dict] = field(default_factory=dict)
+    draining: dict[str, dict] = field(default_factory=dict)
+    """Node -> its drain record (``elastic_rl.store.drains``)."""
 
     def free(self) -> dict[str, list[int]]:
+        """Each live node's free slots; a draining node is left out (not even the services go there)."""
         used = used_slots(self.statuses, self.assignments)
         return {
             node: [i for i in range(info["devices"]) if i not in used.get(node, set()) | self.failed.get(node, set())]
             for node, info in self.nodes.items()
+            if node not in self.draining
         }
 
     def kinds(self) -> dict[str, DeviceKind]:
@@ -94,6 +107,8 @@ class Changes:
     puts: dict[str, Any] = field(default_factory=dict)
     deletes: set[str] = field(default_factory=set)
     events: list[tuple[str, str, dict]] = field(default_factory=list)
+    services_handed_over: bool = False
+    """The services left a draining node at the orchestrator's commit: the trainers follow them in process."""
 
 
 def _by_group(assigned: dict[str, dict]) -> dict[str, dict[str, dict]]:
@@ -111,6 +126,20 @@ def _reports(reported: dict[str, dict], proc: str, assignment: dict, state: str)
 
 def _node_of(members: dict[str, dict]) -> str:
     return next(iter(members.values()))["node"]
+
+
+def _group_kind(group: str) -> GroupKind:
+    return GroupKind.SERVICES if group == SERVICES else GroupKind(group.rsplit("-", 1)[0])
+
+
+def _trainers_caught_up(spec: JobSpec, status: dict) -> bool:
+    """Whether the trainers have published the weights after every committed rollout (a job with no
+    trainer has nothing to wait for)."""
+    workdir = Path(status["workdir"])
+    committed = layout.committed_rollouts(workdir)
+    if not committed or spec.trainer_groups[0] == 0:
+        return True
+    return (layout.latest_weights_version(workdir) or 0) >= layout.version_after(committed[-1])
 
 
 class Controller:
@@ -252,22 +281,27 @@ class Controller:
         generation = status.get("generation", 0) + 1
         changes = Changes()
 
-        lost = self._lost_groups(groups, wanted, reported, cluster) if sweep is Sweep.NEEDED else {}
+        lost = {}
+        if sweep is Sweep.NEEDED:
+            lost = self._lost_groups(groups, wanted, reported, cluster)
+            drained = self._drain(job_id, spec, status, groups, lost, reported, cluster, changes)
+            lost.update(drained)
         for group in lost:
             changes.deletes |= {keys.assignment(job_id, n) for n in groups[group]}
             if lost[group] == "scaled away" and group.startswith("replica-"):
                 changes.events.append(("replica_removed", f"{group} leaves (`erl scale`)", {"group": group}))
         kept = {g: m for g, m in groups.items() if g not in lost}
+        services_restart = SERVICES in lost and not changes.services_handed_over
         # When the services move every trainer restarts anyway: no spare is worth promoting then.
         promoted = (
             set()
-            if SERVICES in lost or sweep is Sweep.GROWTH
+            if services_restart or sweep is Sweep.GROWTH
             else self._promote_spares(job_id, lost, kept, groups, reported, generation, changes)
         )
         placed, degraded = self._place_missing(
             job_id, spec, status, wanted, kept, lost, cluster, generation, changes, sweep
         )
-        if SERVICES in placed and SERVICES in lost:
+        if SERVICES in placed and services_restart:
             # Every trainer group restarts with the services' new addresses.
             for group, members in kept.items():
                 if group.startswith(("replica-", "spare-")) and group not in promoted:
@@ -317,6 +351,61 @@ class Controller:
         if time.time() - since > grace:
             status["phase"] = "pausing"
             status["reason"] = f"no room for {', '.join(sorted(short))} for {grace:g} s: paused until there is"
+
+    @staticmethod
+    def _drain(job_id, spec, status, groups, lost, reported, cluster: Cluster, changes: Changes) -> dict[str, str]:
+        """The groups on draining nodes that have left or run out of time (group -> why); the others there
+        are asked to leave (their assignments marked ``drain``). An assignment whose node is no longer
+        draining (`erl undrain`) loses its mark."""
+        leaving: dict[str, str] = {}
+        announced: set[str] = set()
+        for group, members in groups.items():
+            node = _node_of(members)
+            drain = cluster.draining.get(node)
+            if drain is None or group in lost:
+                for proc, assignment in members.items():
+                    if "drain" in assignment and group not in lost:
+                        kept = {k: v for k, v in assignment.items() if k != "drain"}
+                        changes.puts[keys.assignment(job_id, proc)] = kept
+                continue
+            states = [
+                record.get("state") if record.get("generation") == members[proc]["generation"] else None
+                for proc, record in ((proc, reported.get(proc, {})) for proc in members)
+            ]
+            if group == SERVICES:
+                # The lighthouse and router leave with the orchestrator, once the trainers have trained what it
+                # committed: until then they still ask the lighthouse for quorums.
+                states = [states[list(members).index("orchestrator")]] if "orchestrator" in members else states
+                if states == [DRAINED_STATE] and not _trainers_caught_up(spec, status):
+                    states = [None]
+            step = drain_step(_group_kind(group), states, time.time(), drain["deadline"])
+            if step is DrainStep.LEFT:
+                leaving[group] = f"node {node} drained"
+                changes.services_handed_over |= group == SERVICES
+            elif step is DrainStep.OVERDUE:
+                leaving[group] = f"it had not left node {node} by its drain deadline"
+                changes.events.append(
+                    ("drain_overdue", f"{group} {leaving[group]}: recovered as after a node death", {"group": group})
+                )
+            else:
+                marked = any("drain" in a for m in groups.values() for a in m.values() if a["node"] == node)
+                if not marked and node not in announced:
+                    announced.add(node)
+                    changes.events.append(
+                        (
+                            "node_draining",
+                            f"node {node} drains by {time.strftime('%H:%M:%S', time.localtime(drain['deadline']))}",
+                            {"node": node, "deadline": drain["deadline"]},
+                        )
+                    )
+                for proc, assignment in members.items():
+                    if assignment.get("drain") != drain["deadline"]:
+                        changes.puts[keys.assignment(job_id, proc)] = {**assignment, "drain": drain["deadline"]}
+        for node in cluster.draining:
+            here = {g for g, m in groups.items() if _node_of(m) == node}
+            if here and here <= set(leaving) | set(lost) and here & set(leaving):
+                changes.events.append(("node_drained", f"the job has left node {node}", {"node": node}))
+        return leaving
 
     @staticmethod
     def _lost_groups(groups: dict, wanted: dict, reported: dict, cluster: Cluster) -> dict[str, str]:
@@ -391,9 +480,8 @@ class Controller:
         if not missing:
             return set(), set()
         held = {n: a for members in kept.values() for n, a in members.items()}
-        free = Cluster(
-            cluster.statuses, {**cluster.assignments, job_id: held}, cluster.nodes, {}, cluster.failed
-        ).free()
+        others = {**cluster.assignments, job_id: held}
+        free = Cluster(cluster.statuses, others, cluster.nodes, {}, cluster.failed, draining=cluster.draining).free()
         existing = {g: (wanted[g].kind, _node_of(m)) for g, m in kept.items() if g in wanted}
         placement = place_groups(missing, free, existing, cluster.kinds())
         for group, (node, devices) in placement.assigned.items():

@@ -23,6 +23,10 @@ anything (``elastic_rl.fencing``).
 Under systemd it sends READY=1 once etcd and membership are up, WATCHDOG=1
 from a main loop that is making progress, a one-line STATUS=, and STOPPING=1
 on SIGTERM, after which it stops its jobs' processes and revokes its lease.
+Started with ``--drain-on-term S`` it first drains its own node on SIGTERM (what
+Slurm's ``--signal`` or a cloud's preemption watcher sends): the job processes
+leave at their safe points and move elsewhere, and erld stops once none is
+left here or S seconds have passed.
 Each erld serves ``/metrics`` (Prometheus) and ``/healthz`` on its advertise host.
 """
 
@@ -56,7 +60,8 @@ from elastic_rl.net import LOOPBACK
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import LeaseExpired, Store, StoreUnavailable
-from elastic_rl.store.devices import all_assignments, failed_slots, ledger, live_nodes
+from elastic_rl.store.devices import ACTIVE_PHASES, all_assignments, failed_slots, ledger, live_nodes
+from elastic_rl.store.drains import drains, start_drain
 from elastic_rl.store.embedded import EmbeddedEtcd
 from policies.devices import DeviceKind
 
@@ -93,6 +98,8 @@ class NodeConfig:
     device_cooldown_s: float | None = None
     """How long a failed device stays failed; None: until `erl devices reset`."""
     metrics_port: int | None = None
+    drain_on_term_s: float | None = None
+    """On SIGTERM, drain this node within this many seconds before stopping; None: stop at once."""
     pool_sizes: dict[str, int] = field(default_factory=dict)
     """Idle pre-imported interpreters kept per process kind (``daemon.pool``); none by default here,
     `erl daemon` gives ``daemon.pool.DEFAULT_SIZES``."""
@@ -120,6 +127,9 @@ class Erld:
         self.renewed = 0.0
         self.leading = False
         self.stopping = asyncio.Event()
+        self.drain_requested: float | None = None
+        """When SIGTERM asked this erld to drain its node first (``--drain-on-term``)."""
+        self.drain_recorded = False
         self.child_exit = asyncio.Event()
         """Set by SIGCHLD: a process erld started has exited."""
         self.metrics = MetricsServer(self, config.advertise_host, config.metrics_port)
@@ -241,6 +251,7 @@ class Erld:
             reported,
             failed_slots(await ledger(self.store), time.time()),
             progress,
+            await drains(self.store),
         )
 
     async def agent_pass(self, cluster: Cluster) -> None:
@@ -333,6 +344,7 @@ class Erld:
                 await self.fence_and_rejoin()
             try:
                 cluster = await self.read_cluster()
+                await self.drain_before_stopping(cluster)
                 if await self.is_leader():
                     await self.controller.tick(cluster)
                 await self.agent_pass(cluster)
@@ -357,6 +369,32 @@ class Erld:
         for wait in waits:
             wait.cancel()
         self.child_exit.clear()
+
+    def terminated(self) -> None:
+        """SIGTERM: drain this node first when asked to (a second SIGTERM stops at once), else stop."""
+        if self.config.drain_on_term_s is None or self.drain_requested is not None:
+            self.stopping.set()
+        else:
+            log.info("SIGTERM: draining node %s within %g s, then stopping", self.node, self.config.drain_on_term_s)
+            self.drain_requested = time.time()
+
+    async def drain_before_stopping(self, cluster: Cluster) -> None:
+        """Once SIGTERM asked for a drain: record it (under the node lease, so it ends with this erld), and
+        stop once no job process is assigned here any more or the time given has run out."""
+        if self.drain_requested is None:
+            return
+        if not self.drain_recorded:
+            await start_drain(self.store, self.node, self.config.drain_on_term_s, "SIGTERM", lease=self.lease)
+            self.drain_recorded = True
+            return
+        here = any(
+            a["node"] == self.node
+            for job_id, procs in cluster.assignments.items()
+            if cluster.statuses.get(job_id, {}).get("phase") in ACTIVE_PHASES
+            for a in procs.values()
+        )
+        if not here or time.time() >= self.drain_requested + self.config.drain_on_term_s:
+            self.stopping.set()
 
     def child_exited(self) -> None:
         self.child_exit.set()
@@ -388,8 +426,8 @@ async def serve(etcd: str | None, config: NodeConfig, state_dir: Path, etcd_port
                 store, etcd, config, state_dir, etcd_started_here=embedded is not None and embedded.adopted_pid is None
             )
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, erld.stopping.set)
+            loop.add_signal_handler(signal.SIGTERM, erld.terminated)
+            loop.add_signal_handler(signal.SIGINT, erld.stopping.set)
             loop.add_signal_handler(signal.SIGCHLD, erld.child_exited)
             await erld.run()
     except NodeTaken:

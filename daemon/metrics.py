@@ -6,8 +6,9 @@ Served on the node's advertise host. The figures are those of the cluster as
 this erld last read it (each main-loop pass), rendered by ``prometheus-client``
 at scrape time: process states and restarts of the processes this node runs,
 its pre-imported interpreters (ready or importing), engine health, and for
-every job its quorum size, rollouts committed, step and rollout time and
-snapshot age; the state of this node's device slots; whether this erld leads.
+every job its quorum size, rollouts committed, step and rollout time,
+snapshot age, and replicas and engines held against their range; the state of
+this node's device slots; whether this node drains; whether this erld leads.
 ``/healthz`` answers 200 while the node lease is fresh.
 
 The server reads the erld that runs it through ``ServedNode``, the few
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from daemon.pool import InterpreterPool
     from daemon.proctable import ProcessTable
 
-PROC_STATES = ("waiting", "running", "restarting", "displaced", "exited", "stopped", "failed")
+PROC_STATES = ("waiting", "running", "restarting", "displaced", "drained", "exited", "stopped", "failed")
 
 
 class ServedNode(Protocol):
@@ -116,6 +117,27 @@ class ClusterCollector:
                 if value is not None:
                     families[name].add_metric([job], float(value))
         yield from families.values()
+
+        sizes = GaugeMetricFamily(
+            "erld_job_size",
+            "replicas and engines a running job holds, and the least and most its range allows now",
+            labels=["job", "kind", "bound"],
+        )
+        for job, status in sorted(cluster.statuses.items()):
+            if status.get("phase") != "running":
+                continue
+            for kind, bounds in sorted(status.get("size", {}).items()):
+                for bound, value in zip(("held", "min", "max"), bounds):
+                    sizes.add_metric([job, kind, bound], float(value))
+        yield sizes
+        draining = GaugeMetricFamily(
+            "erld_node_drain_seconds_left",
+            "seconds to the drain deadline of each draining node (`erl drain`, --drain-on-term); none: not draining",
+            labels=["node"],
+        )
+        for name, drain in sorted(cluster.draining.items()):
+            draining.add_metric([name], max(0.0, drain["deadline"] - time.time()))
+        yield draining
 
         devices = GaugeMetricFamily(
             "erld_device_state", "1 for the state of each device slot of this node", labels=["node", "device", "state"]

@@ -34,6 +34,8 @@ class ProcState(Enum):
     """Exited; starts again at ``restart_at``."""
     DISPLACED = "displaced"
     """A trainer replica whose place goes elsewhere (a warm spare, or free devices): the controller moves it."""
+    DRAINED = "drained"
+    """Left its draining node at a safe point (``policies.drain``): the controller places it elsewhere."""
     EXITED = "exited"
     """Finished its work."""
     STOPPED = "stopped"
@@ -55,6 +57,8 @@ class LocalProc:
     exit_code: int | None = None
     serving: bool = False
     """An engine registered with the router (only those are health-checked)."""
+    draining: bool = False
+    """An engine taken out of the router because its node drains: it finishes its requests, then stops."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "state": self.state.value}

@@ -7,6 +7,10 @@ etcd: a newer generation, or none, means another instance has taken its place
 (its node's lease ran out, say, and the controller moved its work), and it
 exits without committing. While etcd answers nothing it waits: a commit it
 cannot confirm might be a second writer's.
+
+The same read tells a process whether its node is being drained: an assignment
+the controller marked ``drain`` asks it to leave at its next safe point
+(``policies.drain``), which is right after such a check.
 """
 
 from __future__ import annotations
@@ -43,29 +47,33 @@ class Assignment:
         """A warm spare promoted to ``proc`` holds that assignment from now on."""
         self.proc, self.generation = proc, generation
 
-    async def current(self, store: Store) -> bool:
+    async def read(self, store: Store) -> dict | None:
+        """The assignment as etcd holds it now, if it is still this process's; None if superseded."""
         while True:
             try:
                 assignment = await store.get(keys.assignment(self.job, self.proc))
-                return assignment is not None and assignment["generation"] == self.generation
+                return assignment if assignment is not None and assignment["generation"] == self.generation else None
             except StoreUnavailable as exc:
                 log.warning("cannot confirm the assignment of %s (%s); waiting", self.proc, exc)
                 await asyncio.sleep(RETRY_S)
 
-    async def exit_if_superseded(self, store: Store) -> None:
-        if not await self.current(store):
+    async def exit_if_superseded(self, store: Store) -> bool:
+        """Exit if superseded; else whether the assignment asks this process to leave its draining node."""
+        assignment = await self.read(store)
+        if assignment is None:
             log.error(
                 "%s generation %d is superseded by a newer assignment: exiting without committing",
                 self.proc,
                 self.generation,
             )
             sys.exit(EXIT_SUPERSEDED)
+        return "drain" in assignment
 
-    def exit_if_superseded_blocking(self) -> None:
+    def exit_if_superseded_blocking(self) -> bool:
         """The same, from synchronous code (the trainer), over a connection of its own."""
 
-        async def check() -> None:
+        async def check() -> bool:
             async with Store(self.endpoint) as store:
-                await self.exit_if_superseded(store)
+                return await self.exit_if_superseded(store)
 
-        asyncio.run(check())
+        return asyncio.run(check())

@@ -24,6 +24,7 @@ from elastic_rl.store.devices import (
     ledger,
     live_nodes,
 )
+from elastic_rl.store.drains import drains, end_drain, start_drain
 from policies.capacity import SIZED, OutOfRange, Size, current_sizes, rescale
 
 TERMINAL_PHASES = ("succeeded", "failed", "stopped")
@@ -240,12 +241,30 @@ async def _room_for(store: Store, job_id: str, raw: dict, minimums: dict[str, in
             )
 
 
+async def drain(store: Store, node: str, deadline_s: float) -> dict[str, Any]:
+    """Start draining a live node (`erl drain`): its job processes leave by the deadline."""
+    nodes = await live_nodes(store)
+    if node not in nodes:
+        raise InputError(f"erl drain: no live node {node!r}; the nodes are {', '.join(sorted(nodes)) or 'none'}")
+    if deadline_s <= 0:
+        raise InputError(f"erl drain: --deadline {deadline_s:g} is not a time: give seconds, more than 0")
+    return await start_drain(store, node, deadline_s, "erl drain")
+
+
+async def undrain(store: Store, node: str) -> None:
+    """End a node's drain (`erl undrain`): it takes new processes again."""
+    if not await end_drain(store, node):
+        raise InputError(f"erl undrain: node {node!r} is not draining; `erl nodes` shows which are")
+
+
 async def describe_nodes(store: Store) -> dict[str, Any]:
     """The cluster as `erl nodes` shows it: the leader, and per live node its device slots (free, in use
-    by which process, or failed and why) and the job processes placed there without a slot."""
+    by which process, or failed and why), the job processes placed there without a slot, and its drain
+    (deadline, and whether nothing is left there) if it is draining."""
     statuses = await job_statuses(store)
     assignments = await all_assignments(store)
     failed = await ledger(store)
+    draining = await drains(store)
     nodes = []
     for name, info in sorted((await live_nodes(store)).items()):
         holders: dict[int, str] = {}
@@ -272,6 +291,9 @@ async def describe_nodes(store: Store) -> dict[str, Any]:
                 devices.append(
                     {"device": index, "state": "in use" if index in holders else "free", "proc": holders.get(index)}
                 )
+        drain = draining.get(name)
+        if drain is not None:
+            drain = {**drain, "drained": not holders and not slotless}
         nodes.append(
             {
                 "node": name,
@@ -279,6 +301,7 @@ async def describe_nodes(store: Store) -> dict[str, Any]:
                 "pid": info.get("pid"),
                 "devices": devices,
                 "procs_without_device": slotless,
+                "drain": drain,
             }
         )
     return {"leader": await store.get(keys.LEADER), "nodes": nodes}

@@ -7,6 +7,7 @@ Pure: the facts of one exit in, an action out. The rows:
 | orchestrator | any, with every rollout trained | the job succeeded |
 | orchestrator, trainer or spare | gave up (77) | fail the job, with the reason it reported |
 | trainer or spare | 0 | done: nothing to do (the orchestrator settles the job) |
+| any | drained (73) | it left its draining node at a safe point: not restarted (the controller places it elsewhere) |
 | trainer | rollback (75) | restart at once, from the newest snapshot |
 | trainer | device quarantined (76) | mark the device failed; the replica moves (a warm spare, or free devices) |
 | trainer | other, an idle warm spare exists | the spare takes the replica's place |
@@ -37,6 +38,9 @@ or a trainer cannot run where it was placed (a GPU slot and a torch without CUDA
 EXIT_SUPERSEDED = 78
 """A process found its assignment taken by a newer instance (``elastic_rl.fencing``): a crash like any
 other here, and a number of its own, so that it is never taken for a give-up."""
+EXIT_DRAINED = 73
+"""The process left its draining node at its safe point (``policies.drain``): a trainer replica after its
+rollout's last step, the orchestrator after a commit. Not a crash: nothing restarts it here."""
 EXIT_SYNC_HUNG = 74
 """A trainer's weight sync hung past its abort, and the trainer ended itself: a crash like any other
 (the last row), named so that no other code takes its number."""
@@ -45,6 +49,7 @@ EXIT_SYNC_HUNG = 74
 class ExitAction(Enum):
     SUCCEED_JOB = "succeed_job"
     DONE = "done"
+    DRAINED = "drained"
     RESTART = "restart"
     MOVE_REPLICA = "move_replica"
     GIVE_UP_ENGINE = "give_up_engine"
@@ -85,6 +90,8 @@ def decide_exit(facts: ExitFacts, policy: RestartPolicy) -> ExitDecision:
         return ExitDecision(ExitAction.SUCCEED_JOB, reason="every rollout trained")
     if facts.role in ("orchestrator", "trainer", "spare") and facts.exit_code == EXIT_GAVE_UP:
         return ExitDecision(ExitAction.FAIL_JOB, reason=f"gave up: {facts.given_up or 'see its log'}")
+    if facts.exit_code == EXIT_DRAINED:
+        return ExitDecision(ExitAction.DRAINED, reason="left its draining node")
     if facts.role in ("trainer", "spare") and facts.exit_code == 0:
         return ExitDecision(ExitAction.DONE)
     if facts.role == "trainer" and facts.exit_code == EXIT_ROLLBACK:

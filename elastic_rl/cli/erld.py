@@ -51,6 +51,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         lease_ttl_s=args.lease_ttl,
         device_cooldown_s=args.device_cooldown,
         metrics_port=args.metrics_port,
+        drain_on_term_s=args.drain_on_term,
         pool_sizes={**DEFAULT_SIZES, **dict(args.pool)},
     )
     asyncio.run(serve(args.etcd, config, args.state_dir, args.etcd_port))
@@ -190,6 +191,13 @@ def add_erld_commands(commands) -> None:
         help="a failed device is usable again after S seconds (default: only after `erl devices reset`)",
     )
     daemon.add_argument("--metrics-port", type=int, metavar="PORT", help="serve /metrics and /healthz on this port")
+    daemon.add_argument(
+        "--drain-on-term",
+        type=float,
+        metavar="S",
+        help="on SIGTERM (Slurm's --signal, a preemption watcher, systemctl stop) first drain this node within S "
+        "seconds: its job processes leave at safe points and move to other nodes; a second SIGTERM stops at once",
+    )
     sizes = ", ".join(f"{kind}={size}" for kind, size in DEFAULT_SIZES.items())
     daemon.add_argument(
         "--pool",

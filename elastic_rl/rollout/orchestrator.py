@@ -54,7 +54,7 @@ from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GroupSampler
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
-from policies.exits import EXIT_GAVE_UP
+from policies.exits import EXIT_DRAINED, EXIT_GAVE_UP
 
 log = logging.getLogger("elastic_rl.orchestrator")
 
@@ -274,6 +274,13 @@ class Orchestrator:
             sink.write(line)
         await self.progress.report(rollout_id, line)
 
+    async def leave(self, rollout_id: int) -> None:
+        """Its node drains: after this commit the job's services move, and the next orchestrator goes on
+        from the rollout after it (the metrics of rollouts not trained yet are recorded by that one)."""
+        await self.persist_inflight()
+        await self.progress.event("orchestrator_left", f"after committing rollout {rollout_id}: its node drains")
+        sys.exit(EXIT_DRAINED)
+
     def writer(self) -> dict[str, Any]:
         """Which orchestrator wrote a rollout: the chaos checker proves one writer per rollout with it."""
         return {
@@ -356,14 +363,17 @@ class Orchestrator:
             else:
                 batch, meta = await self.generate_rollout(rollout_id, load_time)
             meta["writer"] = self.writer()
+            # The trainers ask this lighthouse for the rollout's quorums (it moves when the services do).
+            meta["lighthouse"] = os.environ.get(jobenv.LIGHTHOUSE_URL)
             commit_started = time.monotonic()
-            if self.assignment is not None:
-                await self.assignment.exit_if_superseded(self.progress.store)
+            leaving = self.assignment is not None and await self.assignment.exit_if_superseded(self.progress.store)
             write_rollout(self.workdir, rollout_id, batch, meta)
             self.inflight.commit()
             # Kept beside the rollout's metrics; known only once the commit is done.
             self.commit_times[rollout_id] = time.monotonic() - commit_started
             log.info("rollout %d committed: %d samples", rollout_id, batch.size)
+            if leaving:
+                await self.leave(rollout_id)
         for rollout_id in range(recorded, spec.num_rollouts):
             await self.record_trained(rollout_id)
         for sink in self.sinks:

@@ -74,14 +74,16 @@ def used_slots(
 
 
 async def free_device_slots(store: Store, statuses: dict[str, dict[str, Any]] | None = None) -> dict[str, list[int]]:
-    """Free slots per live node."""
+    """Free slots per live node that is not draining."""
     statuses = statuses if statuses is not None else await job_statuses(store)
     used = used_slots(statuses, await all_assignments(store))
     failed = failed_slots(await ledger(store), time.time())
+    draining = await store.get_prefix(keys.DRAINS)
     free = {}
     for node, info in (await live_nodes(store)).items():
-        taken = used.get(node, set()) | failed.get(node, set())
-        free[node] = [index for index in range(info["devices"]) if index not in taken]
+        if keys.drain(node) not in draining:
+            taken = used.get(node, set()) | failed.get(node, set())
+            free[node] = [index for index in range(info["devices"]) if index not in taken]
     return free
 
 

@@ -5,6 +5,9 @@
     /erl/leader                            the controller's node name (bound to its lease); every
                                            controller write is conditional on it being unchanged
     /erl/devices/<node>/<device>           a device slot of a live node (bound to the node lease)
+    /erl/drain/<node>                      a node being drained: deadline, since, by whom (no lease when
+                                           `erl drain` set it, until `erl undrain`; the node lease when
+                                           erld set it on SIGTERM, so it ends with the node)
     /erl/ledger/<node>/<device>            a device marked failed: reason, since, until (no lease:
                                            it outlives erld until `erl devices reset` or its cool-down)
     /erl/jobs/<job>/spec                   the validated job spec (JSON)
@@ -32,6 +35,7 @@ LEADER = f"{ROOT}/leader"
 JOBS = f"{ROOT}/jobs/"
 DEVICES = f"{ROOT}/devices/"
 LEDGER = f"{ROOT}/ledger/"
+DRAINS = f"{ROOT}/drain/"
 ASSIGN = f"{ROOT}/assign/"
 EVENTS = f"{ROOT}/events/"
 HISTORY = f"{ROOT}/history/"
@@ -47,6 +51,10 @@ def devices(node_name: str) -> str:
 
 def device(node_name: str, index: int) -> str:
     return f"{devices(node_name)}{index}"
+
+
+def drain(node_name: str) -> str:
+    return f"{DRAINS}{node_name}"
 
 
 def ledger_entry(node_name: str, index: int) -> str:

@@ -21,6 +21,17 @@ peers skips the replay: the quorum heals it.
 A warm spare first waits for a replica's place (``trainer.warm_spare``); the
 NaN/Inf guard's responses that outlive a step end the process with an exit
 code erld acts on (``trainer.nan_response``).
+
+A replica on a draining node leaves after its rollout's last step: the
+assignment check before publishing says so, it publishes, waits for its
+snapshot and exits ``EXIT_DRAINED``; the survivors' next quorum goes on without
+it and no step is redone. When the services move off a draining node, the
+lighthouse moves too: each rollout records the lighthouse of the orchestrator
+that committed it, and a replica whose lighthouse is not the one a newly
+committed rollout names makes its Manager again against that one, keeping its
+model, optimizer and step in memory (the controller moves the services only
+once the trainers have trained every rollout the old orchestrator committed,
+so every replica switches at the same rollout).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -40,7 +52,7 @@ from torchft import Manager, ProcessGroupBabyNCCL, ProcessGroupGloo, ProcessGrou
 from checkpoints import layout
 from checkpoints.discovery import SnapshotInfo, newest_valid_snapshot
 from checkpoints.retention import apply_retention
-from checkpoints.rollout_log import read_rollout
+from checkpoints.rollout_log import read_meta, read_rollout
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl import device as process_device
 from elastic_rl import jobenv
@@ -60,6 +72,7 @@ from elastic_rl.trainer.publisher import RolloutPublisher
 from elastic_rl.trainer.warm_spare import wait_for_place
 from elastic_rl.trainer.weight_broadcast import WeightBroadcaster
 from policies.devices import CrossReplicaGroup, Precision, cross_replica_group, precision_problem
+from policies.exits import EXIT_DRAINED
 
 log = logging.getLogger("elastic_rl.trainer")
 
@@ -137,6 +150,8 @@ class TrainerReplica:
         self.leader = False
         self.participants = 0
         self.trained_any = False
+        self.leaving = False  # asked to leave a draining node: after the rollout in hand
+        self.lighthouse = os.environ[jobenv.LIGHTHOUSE_URL]
         # A resume's costs (report_caught_up): set as the replica joins and loads its snapshot.
         self.setup_s = 0.0
         self.load_s = 0.0
@@ -176,22 +191,22 @@ class TrainerReplica:
         self.assignment.take_over(self.proc, place.generation)
         return True
 
-    def join(self) -> None:
-        """Connect to the quorum, then find where to resume."""
-        spec, ft = self.spec, self.spec.fault_tolerance
+    def _make_manager(self) -> Manager:
+        """A torchft Manager for this rank, asking ``self.lighthouse`` for its quorums."""
+        ft = self.spec.fault_tolerance
         collective_timeout = timedelta(seconds=ft.collective_timeout_s)
         host = os.environ.get(jobenv.ADVERTISE_HOST, LOOPBACK)  # what peers reach this replica at
         group = cross_replica_group(self.compute, CrossReplicaGroup(ft.gpu_process_group))
-        self.manager = Manager(
+        return Manager(
             pg=TORCHFT_GROUPS[group](timeout=collective_timeout),
             min_replica_size=1,
             load_state_dict=self.heal,
             state_dict=self.heal_state,
             replica_id=f"{self.job}-replica{self.replica}",
-            lighthouse_addr=os.environ[jobenv.LIGHTHOUSE_URL],
+            lighthouse_addr=self.lighthouse,
             hostname=host,
             rank=self.rank,
-            world_size=spec.trainer.tensor_parallel,
+            world_size=self.spec.trainer.tensor_parallel,
             use_async_quorum=False,
             # Every replica starts from the same seeded weights or the same snapshot.
             init_sync=False,
@@ -200,6 +215,12 @@ class TrainerReplica:
             quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
             connect_timeout=collective_timeout,
         )
+
+    def join(self) -> None:
+        """Connect to the quorum, then find where to resume."""
+        spec, ft = self.spec, self.spec.fault_tolerance
+        host = os.environ.get(jobenv.ADVERTISE_HOST, LOOPBACK)
+        self.manager = self._make_manager()
         self.setup_s = time.time() - self.imports_done  # model, optimizer, process groups, manager
         self.snapshots = SnapshotWriter(
             self.workdir,
@@ -281,14 +302,60 @@ class TrainerReplica:
             if index == 0 and (self.stop_request.requested or not self.wait_for_rollout(rollout_id)):
                 self.stop(rollout_id)
                 break
+            if index == 0:
+                self.follow_lighthouse(rollout_id)
             position, peer_rollout = self.start_quorum(position)
             rollout_id, index = divmod(position, self.steps_per_rollout)
             if not self.train_step(rollout_id, index, position, peer_rollout):
                 continue
             if index == self.steps_per_rollout - 1:
                 self.publish(rollout_id)
+                if self.leaving:
+                    self.leave(rollout_id)
         self.snapshots.wait()
         self.manager.shutdown(wait=False)
+
+    def follow_lighthouse(self, rollout_id: int) -> None:
+        """Make the Manager again if the orchestrator that committed this rollout (after this process
+        started: a replayed rollout's lighthouse may be gone) names another lighthouse than ours."""
+        named = read_meta(layout.rollout_dir(self.workdir, rollout_id)).get("lighthouse")
+        if named is None or named == self.lighthouse or rollout_id <= self.replay_end:
+            return
+        step, committed = self.manager.current_step(), self.manager.batches_committed()
+        self.manager.shutdown(wait=False)
+        self.lighthouse = named
+        # Rank 0 publishes its new manager server's address in the replica's store, over the old
+        # one's: the other ranks read it only after that.
+        torch.distributed.barrier()
+        if self.rank == 0:
+            self.manager = self._make_manager()
+        torch.distributed.barrier()
+        if self.rank != 0:
+            self.manager = self._make_manager()
+        self.manager.load_state_dict({"step": step, "batches_committed": committed})
+        self.trainer.manager = self.manager
+        if self.rank == 0:
+            emit_event(
+                "lighthouse_followed",
+                f"asks {named} for its quorums from rollout {rollout_id}; state kept in memory",
+                self.proc,
+                device=self.device,
+                rollout=rollout_id,
+            )
+
+    def leave(self, rollout_id: int) -> None:
+        """Its node drains: leave the quorum after this rollout, with nothing left unsaved."""
+        self.snapshots.wait()
+        self.manager.shutdown(wait=False)
+        if self.rank == 0:
+            emit_event(
+                "replica_left",
+                f"left the quorum after rollout {rollout_id}: its node drains",
+                self.proc,
+                device=self.device,
+                rollout=rollout_id,
+            )
+        sys.exit(EXIT_DRAINED)
 
     def wait_for_rollout(self, rollout_id: int) -> bool:
         """Wait until rollout ``rollout_id`` is committed; False if a stop came first."""
@@ -339,12 +406,16 @@ class TrainerReplica:
             self.load_s = time.monotonic() - load_started
             self.snapshot = None
             log.info("resumed from snapshot: step %d, last rollout %d", step, last_rollout)
+            # Rollouts whose training some replica had already published: this replay trains them again.
+            published = layout.latest_weights_version(self.workdir) or 0
+            redone = max(0, published - layout.version_after(last_rollout))
             emit_event(
                 "trainer_resumed",
-                f"from snapshot {step}, replaying after rollout {last_rollout}",
+                f"from snapshot {step}, replaying after rollout {last_rollout} ({redone} rollout(s) trained again)",
                 self.proc,
                 device=self.device,
                 step=step,
+                redone_rollouts=redone,
             )
         return position, None
 
@@ -384,7 +455,7 @@ class TrainerReplica:
         """After a rollout's last step: snapshot when due, then the weights and metrics for the engines."""
         metrics = self.trainer.rollout_metrics(self.context)
         # Nothing is committed by a replica whose assignment a newer instance holds.
-        self.assignment.exit_if_superseded_blocking()
+        self.leaving = self.assignment.exit_if_superseded_blocking()
         # Replica leader snapshots for the job; the others hold the same state.
         if self.leader and (rollout_id + 1) % self.spec.checkpoints.interval_rollouts == 0:
             metrics.update(self.save_snapshot(rollout_id))
