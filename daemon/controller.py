@@ -45,22 +45,20 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoints import layout
-from daemon.plan import SERVICES, engine_group, group_procs, job_groups, proc_spec, replica_group
+from daemon.cluster import Changes, Cluster, by_group, node_of, reports
+from daemon.draining import drain_groups
+from daemon.plan import SERVICES, engine_group, group_procs, job_groups, replica_group
 from elastic_rl import jobenv
 from elastic_rl.events import EventLog
 from elastic_rl.net import free_port
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
-from elastic_rl.store.devices import assignment_slots, used_slots
+from elastic_rl.store.devices import assignment_slots
 from policies.capacity import SIZED, Size, Sweep, current_sizes, in_sweep, mark_growth
-from policies.devices import DeviceKind
-from policies.drain import DRAINED_STATE, DrainStep, drain_step
 from policies.placement import Group, GroupKind, place_groups
 
 log = logging.getLogger("erld.controller")
@@ -70,76 +68,6 @@ TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 
 class NotLeader(Exception):
     """The leader key changed under this controller: it stops deciding."""
-
-
-@dataclass
-class Cluster:
-    """What one pass reads from etcd."""
-
-    statuses: dict[str, dict]
-    assignments: dict[str, dict[str, dict]]
-    nodes: dict[str, dict]
-    reported: dict[str, dict[str, dict]]
-    """Job -> process -> the record its agent reports."""
-    failed: dict[str, set[int]]
-    progress: dict[str, dict] = field(default_factory=dict)
-    draining: dict[str, dict] = field(default_factory=dict)
-    """Node -> its drain record (``elastic_rl.store.drains``)."""
-
-    def free(self) -> dict[str, list[int]]:
-        """Each live node's free slots; a draining node is left out (not even the services go there)."""
-        used = used_slots(self.statuses, self.assignments)
-        return {
-            node: [i for i in range(info["devices"]) if i not in used.get(node, set()) | self.failed.get(node, set())]
-            for node, info in self.nodes.items()
-            if node not in self.draining
-        }
-
-    def kinds(self) -> dict[str, DeviceKind]:
-        """What each live node's slots are (an erld that says nothing has CPU slots)."""
-        return {node: DeviceKind(info.get("kind", DeviceKind.CPU.value)) for node, info in self.nodes.items()}
-
-
-@dataclass
-class Changes:
-    """The writes one pass makes for a job, and the events they are worth."""
-
-    puts: dict[str, Any] = field(default_factory=dict)
-    deletes: set[str] = field(default_factory=set)
-    events: list[tuple[str, str, dict]] = field(default_factory=list)
-    services_handed_over: bool = False
-    """The services left a draining node at the orchestrator's commit: the trainers follow them in process."""
-
-
-def _by_group(assigned: dict[str, dict]) -> dict[str, dict[str, dict]]:
-    groups: dict[str, dict[str, dict]] = {}
-    for name, assignment in sorted(assigned.items()):
-        groups.setdefault(proc_spec(name).group, {})[name] = assignment
-    return groups
-
-
-def _reports(reported: dict[str, dict], proc: str, assignment: dict, state: str) -> bool:
-    """Whether the agent reports ``proc`` in ``state`` for this very assignment (not a predecessor's)."""
-    record = reported.get(proc, {})
-    return record.get("state") == state and record.get("generation") == assignment["generation"]
-
-
-def _node_of(members: dict[str, dict]) -> str:
-    return next(iter(members.values()))["node"]
-
-
-def _group_kind(group: str) -> GroupKind:
-    return GroupKind.SERVICES if group == SERVICES else GroupKind(group.rsplit("-", 1)[0])
-
-
-def _trainers_caught_up(spec: JobSpec, status: dict) -> bool:
-    """Whether the trainers have published the weights after every committed rollout (a job with no
-    trainer has nothing to wait for)."""
-    workdir = Path(status["workdir"])
-    committed = layout.committed_rollouts(workdir)
-    if not committed or spec.trainer_groups[0] == 0:
-        return True
-    return (layout.latest_weights_version(workdir) or 0) >= layout.version_after(committed[-1])
 
 
 class Controller:
@@ -276,7 +204,7 @@ class Controller:
         ranges allow where slots are free."""
         spec = await self._spec(job_id)
         wanted = self._wanted(spec, status)
-        groups = _by_group(cluster.assignments.get(job_id, {}))
+        groups = by_group(cluster.assignments.get(job_id, {}))
         reported = cluster.reported.get(job_id, {})
         generation = status.get("generation", 0) + 1
         changes = Changes()
@@ -284,7 +212,7 @@ class Controller:
         lost = {}
         if sweep is Sweep.NEEDED:
             lost = self._lost_groups(groups, wanted, reported, cluster)
-            drained = self._drain(job_id, spec, status, groups, lost, reported, cluster, changes)
+            drained = drain_groups(job_id, spec, status, groups, lost, reported, cluster, changes)
             lost.update(drained)
         for group in lost:
             changes.deletes |= {keys.assignment(job_id, n) for n in groups[group]}
@@ -353,73 +281,18 @@ class Controller:
             status["reason"] = f"no room for {', '.join(sorted(short))} for {grace:g} s: paused until there is"
 
     @staticmethod
-    def _drain(job_id, spec, status, groups, lost, reported, cluster: Cluster, changes: Changes) -> dict[str, str]:
-        """The groups on draining nodes that have left or run out of time (group -> why); the others there
-        are asked to leave (their assignments marked ``drain``). An assignment whose node is no longer
-        draining (`erl undrain`) loses its mark."""
-        leaving: dict[str, str] = {}
-        announced: set[str] = set()
-        for group, members in groups.items():
-            node = _node_of(members)
-            drain = cluster.draining.get(node)
-            if drain is None or group in lost:
-                for proc, assignment in members.items():
-                    if "drain" in assignment and group not in lost:
-                        kept = {k: v for k, v in assignment.items() if k != "drain"}
-                        changes.puts[keys.assignment(job_id, proc)] = kept
-                continue
-            states = [
-                record.get("state") if record.get("generation") == members[proc]["generation"] else None
-                for proc, record in ((proc, reported.get(proc, {})) for proc in members)
-            ]
-            if group == SERVICES:
-                # The lighthouse and router leave with the orchestrator, once the trainers have trained what it
-                # committed: until then they still ask the lighthouse for quorums.
-                states = [states[list(members).index("orchestrator")]] if "orchestrator" in members else states
-                if states == [DRAINED_STATE] and not _trainers_caught_up(spec, status):
-                    states = [None]
-            step = drain_step(_group_kind(group), states, time.time(), drain["deadline"])
-            if step is DrainStep.LEFT:
-                leaving[group] = f"node {node} drained"
-                changes.services_handed_over |= group == SERVICES
-            elif step is DrainStep.OVERDUE:
-                leaving[group] = f"it had not left node {node} by its drain deadline"
-                changes.events.append(
-                    ("drain_overdue", f"{group} {leaving[group]}: recovered as after a node death", {"group": group})
-                )
-            else:
-                marked = any("drain" in a for m in groups.values() for a in m.values() if a["node"] == node)
-                if not marked and node not in announced:
-                    announced.add(node)
-                    changes.events.append(
-                        (
-                            "node_draining",
-                            f"node {node} drains by {time.strftime('%H:%M:%S', time.localtime(drain['deadline']))}",
-                            {"node": node, "deadline": drain["deadline"]},
-                        )
-                    )
-                for proc, assignment in members.items():
-                    if assignment.get("drain") != drain["deadline"]:
-                        changes.puts[keys.assignment(job_id, proc)] = {**assignment, "drain": drain["deadline"]}
-        for node in cluster.draining:
-            here = {g for g, m in groups.items() if _node_of(m) == node}
-            if here and here <= set(leaving) | set(lost) and here & set(leaving):
-                changes.events.append(("node_drained", f"the job has left node {node}", {"node": node}))
-        return leaving
-
-    @staticmethod
     def _lost_groups(groups: dict, wanted: dict, reported: dict, cluster: Cluster) -> dict[str, str]:
         """Groups that must leave where they are, with why."""
         lost = {}
         for group, members in groups.items():
-            node = _node_of(members)
+            node = node_of(members)
             if group not in wanted:
                 lost[group] = "scaled away"
             elif node not in cluster.nodes:
                 lost[group] = f"node {node} is gone"
             elif any(set(assignment_slots(a)) & cluster.failed.get(node, set()) for a in members.values()):
                 lost[group] = f"a device of it on node {node} failed"
-            elif any(_reports(reported, n, a, "displaced") for n, a in members.items()):
+            elif any(reports(reported, n, a, "displaced") for n, a in members.items()):
                 lost[group] = "displaced from its devices"
         return lost
 
@@ -431,7 +304,7 @@ class Controller:
             g
             for g, members in kept.items()
             if g.startswith("spare-")
-            and all(_reports(reported, n, a, "running") and n not in adopted for n, a in members.items())
+            and all(reports(reported, n, a, "running") and n not in adopted for n, a in members.items())
         ]
         promoted = set()
         for group in sorted(g for g in lost if g.startswith("replica-") and lost[g] != "scaled away"):
@@ -482,7 +355,7 @@ class Controller:
         held = {n: a for members in kept.values() for n, a in members.items()}
         others = {**cluster.assignments, job_id: held}
         free = Cluster(cluster.statuses, others, cluster.nodes, {}, cluster.failed, draining=cluster.draining).free()
-        existing = {g: (wanted[g].kind, _node_of(m)) for g, m in kept.items() if g in wanted}
+        existing = {g: (wanted[g].kind, node_of(m)) for g, m in kept.items() if g in wanted}
         placement = place_groups(missing, free, existing, cluster.kinds())
         for group, (node, devices) in placement.assigned.items():
             made = self._assign(wanted[group], node, devices, cluster.nodes, generation)

@@ -46,7 +46,8 @@ import orjson
 import psutil
 
 from daemon.agent import TERMINAL_PHASES, JobAgent
-from daemon.controller import Cluster, Controller, NotLeader
+from daemon.cluster import Cluster
+from daemon.controller import Controller, NotLeader
 from daemon.metrics import MetricsServer
 from daemon.notify import SystemdNotifier, child_environment
 from daemon.plan import node_environment

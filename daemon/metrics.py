@@ -30,7 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from checkpoints.discovery import newest_committed_snapshot
 
 if TYPE_CHECKING:
-    from daemon.controller import Cluster
+    from daemon.cluster import Cluster
     from daemon.pool import InterpreterPool
     from daemon.proctable import ProcessTable
 

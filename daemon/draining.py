@@ -1,0 +1,100 @@
+"""What the controller does each pass about a job's groups on draining nodes (``policies.drain``).
+
+A draining node's groups are asked to leave at their safe points: their assignments are marked
+``drain`` with the node's deadline, at the same generation, so nothing restarts. A group whose processes
+all report ``drained`` has left and is placed elsewhere by the controller, as is one still there at the
+deadline (as from a dead node). The services leave with the orchestrator, once the trainers have
+trained every rollout it committed: then the lighthouse is idle when it moves, and every trainer makes
+its Manager again against the new one at the same rollout.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from checkpoints import layout
+from daemon.cluster import Changes, Cluster, node_of
+from daemon.plan import SERVICES
+from elastic_rl.spec.job import JobSpec
+from elastic_rl.store import keys
+from policies.drain import DRAINED_STATE, DrainStep, drain_step
+from policies.placement import GroupKind
+
+
+def drain_groups(
+    job_id: str,
+    spec: JobSpec,
+    status: dict,
+    groups: dict[str, dict[str, dict]],
+    lost: dict[str, str],
+    reported: dict[str, dict],
+    cluster: Cluster,
+    changes: Changes,
+) -> dict[str, str]:
+    """The groups on draining nodes that have left or run out of time (group -> why); the others there
+    are asked to leave (their assignments marked ``drain``). An assignment whose node is no longer
+    draining (`erl undrain`) loses its mark."""
+    leaving: dict[str, str] = {}
+    announced: set[str] = set()
+    for group, members in groups.items():
+        node = node_of(members)
+        drain = cluster.draining.get(node)
+        if drain is None or group in lost:
+            for proc, assignment in members.items():
+                if "drain" in assignment and group not in lost:
+                    kept = {k: v for k, v in assignment.items() if k != "drain"}
+                    changes.puts[keys.assignment(job_id, proc)] = kept
+            continue
+        states = [
+            record.get("state") if record.get("generation") == members[proc]["generation"] else None
+            for proc, record in ((proc, reported.get(proc, {})) for proc in members)
+        ]
+        if group == SERVICES:
+            # The lighthouse and router leave with the orchestrator, once the trainers have trained what it
+            # committed: until then they still ask the lighthouse for quorums.
+            states = [states[list(members).index("orchestrator")]] if "orchestrator" in members else states
+            if states == [DRAINED_STATE] and not trainers_caught_up(spec, status):
+                states = [None]
+        step = drain_step(group_kind(group), states, time.time(), drain["deadline"])
+        if step is DrainStep.LEFT:
+            leaving[group] = f"node {node} drained"
+            changes.services_handed_over |= group == SERVICES
+        elif step is DrainStep.OVERDUE:
+            leaving[group] = f"it had not left node {node} by its drain deadline"
+            changes.events.append(
+                ("drain_overdue", f"{group} {leaving[group]}: recovered as after a node death", {"group": group})
+            )
+        else:
+            marked = any("drain" in a for m in groups.values() for a in m.values() if a["node"] == node)
+            if not marked and node not in announced:
+                announced.add(node)
+                changes.events.append(
+                    (
+                        "node_draining",
+                        f"node {node} drains by {time.strftime('%H:%M:%S', time.localtime(drain['deadline']))}",
+                        {"node": node, "deadline": drain["deadline"]},
+                    )
+                )
+            for proc, assignment in members.items():
+                if assignment.get("drain") != drain["deadline"]:
+                    changes.puts[keys.assignment(job_id, proc)] = {**assignment, "drain": drain["deadline"]}
+    for node in cluster.draining:
+        here = {g for g, m in groups.items() if node_of(m) == node}
+        if here and here <= set(leaving) | set(lost) and here & set(leaving):
+            changes.events.append(("node_drained", f"the job has left node {node}", {"node": node}))
+    return leaving
+
+
+def group_kind(group: str) -> GroupKind:
+    return GroupKind.SERVICES if group == SERVICES else GroupKind(group.rsplit("-", 1)[0])
+
+
+def trainers_caught_up(spec: JobSpec, status: dict) -> bool:
+    """Whether the trainers have published the weights after every committed rollout (a job with no
+    trainer has nothing to wait for)."""
+    workdir = Path(status["workdir"])
+    committed = layout.committed_rollouts(workdir)
+    if not committed or spec.trainer_groups[0] == 0:
+        return True
+    return (layout.latest_weights_version(workdir) or 0) >= layout.version_after(committed[-1])
