@@ -17,7 +17,10 @@ processes it runs here and acts:
 On a draining node (``policies.drain``) an engine whose assignment is marked
 ``drain`` leaves the router, finishes the requests it holds (the orchestrator
 continues any it cannot finish on another engine) and stops; a process that
-leaves at its safe point is reported ``drained``, never restarted.
+leaves at its safe point is reported ``drained``, never restarted. A lighthouse
+whose services moved off this draining node runs on, unreported, until the
+trainers have published the weights that the new lighthouse's assignment names:
+they ask it for the quorums of the rollouts the old orchestrator committed.
 
 The agent holding the job's services also exports the initial weights of a
 job with no trainer (replica 0 writes them otherwise) and registers every
@@ -194,7 +197,8 @@ class JobAgent:
         await self._check_export()
         await self._check_engines(now, assigned)
         for proc in self.table.of_job(self.job_id):
-            await self._publish(proc)
+            if assigned.get(proc.name, {}).get("node", self.node) == self.node:  # not one relieved elsewhere
+                await self._publish(proc)
 
     async def _job_over(self) -> bool:
         status = await self.store.get(keys.job_status(self.job_id)) or {}
@@ -231,6 +235,8 @@ class JobAgent:
             assignment = mine.get(proc.name)
             if assignment is not None and assignment["generation"] == proc.generation:
                 continue
+            if self._lighthouse_still_needed(proc, assigned):
+                continue
             spec = proc_spec(proc.name)
             if spec.role is Role.ENGINE and proc.serving and "router" in assigned:
                 await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host))
@@ -241,6 +247,17 @@ class JobAgent:
             self.table.forget(proc)
             self.published.pop(proc.name, None)
             await self.store.delete(keys.proc(self.job_id, proc.name))
+
+    def _lighthouse_still_needed(self, proc: LocalProc, assigned: dict[str, dict]) -> bool:
+        """A lighthouse relieved by one elsewhere (the services left this draining node after the
+        orchestrator's commit) runs on while the trainers train what that orchestrator committed: they ask
+        it for those steps' quorums, and switch to the new one at the next rollout."""
+        relieves = assigned.get(proc.name, {}).get("relieves")
+        if proc_spec(proc.name).role is not Role.LIGHTHOUSE or relieves is None or relieves["node"] != self.node:
+            return False
+        no_trainer = self.spec.trainer_groups[0] == 0
+        trained = layout.latest_weights_version(self.workdir) or 0
+        return self.table.alive(proc) and not no_trainer and trained < relieves["until"]
 
     async def _drain_engines(self, mine: dict[str, dict], assigned: dict[str, dict]) -> None:
         """Engines asked to leave this draining node: out of the router now, stopped once their requests

@@ -14,9 +14,10 @@ process: node, the node's advertise host, device slot, port, generation.
 - Replicas and engines may be ranges (`{min, max}`, ``policies.capacity``): a
   pending job starts once its minimum fits; each pass first places every
   job's needed groups, then grows running jobs toward their maximum with the
-  slots left, in submit order. A group beyond the minimum that loses its
-  place without room elsewhere leaves the job (``replica_removed``) instead
-  of degrading it, and comes back where room frees.
+  slots left, then places warm spares with what is left, jobs in submit
+  order each time. A group beyond the minimum that loses its place without
+  room elsewhere leaves the job (``replica_removed``) instead of degrading
+  it, and comes back where room frees.
 - Replica and engine sizes follow `erl scale` (a count pinned within the range, or a new range).
 - When the services (lighthouse, router, orchestrator) move, every trainer
   group gets a new generation: their addresses changed. Not when they leave
@@ -24,9 +25,11 @@ process: node, the node's advertise host, device slot, port, generation.
 - A draining node (`erl drain`, ``policies.drain``) gets no new process; each
   group there is asked to leave at its safe point (its assignments marked
   ``drain``, same generation), placed elsewhere once it has left, and taken
-  as from a dead node if the deadline comes first. The services leave once
-  the orchestrator has committed and gone and the trainers have trained
-  what it committed, so the lighthouse is idle when it moves.
+  as from a dead node if the deadline comes first (``daemon.draining``). The
+  services move once the orchestrator has committed and gone; the new
+  lighthouse's assignment says which node's lighthouse it relieves and from
+  which weights version on, and no trainer group is placed until the
+  trainers have published it (they switch lighthouses at that rollout).
 - A job without room for its minimum (of replicas or engines, or for its
   services) for longer than `fault_tolerance.below_min_grace_s` pauses: it
   stops as `erl stop` stops it (pausing), then is paused; it goes back to
@@ -48,6 +51,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from checkpoints import layout
 from daemon.cluster import Changes, Cluster, by_group, node_of, reports
 from daemon.draining import drain_groups
 from daemon.plan import SERVICES, engine_group, group_procs, job_groups, replica_group
@@ -59,7 +63,7 @@ from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots
 from policies.capacity import SIZED, Size, Sweep, current_sizes, in_sweep, mark_growth
-from policies.placement import Group, GroupKind, place_groups
+from policies.placement import TRAINER_KINDS, Group, GroupKind, place_groups
 
 log = logging.getLogger("erld.controller")
 
@@ -128,7 +132,8 @@ class Controller:
         return {g.name: g for g in groups}
 
     def _minimum(self, spec: JobSpec, status: dict) -> list[Group]:
-        """The groups a job starts with: its services, spares and the fewest replicas and engines."""
+        """The groups a job starts with: its services and the fewest replicas and engines (its warm spares
+        come after every job's growth)."""
         marked = mark_growth(self._wanted(spec, status).values(), (), self._minimums(spec, status))
         return in_sweep(marked, Sweep.NEEDED)
 
@@ -212,7 +217,7 @@ class Controller:
         lost = {}
         if sweep is Sweep.NEEDED:
             lost = self._lost_groups(groups, wanted, reported, cluster)
-            drained = drain_groups(job_id, spec, status, groups, lost, reported, cluster, changes)
+            drained = drain_groups(job_id, groups, lost, reported, cluster, changes)
             lost.update(drained)
         for group in lost:
             changes.deletes |= {keys.assignment(job_id, n) for n in groups[group]}
@@ -223,12 +228,19 @@ class Controller:
         # When the services move every trainer restarts anyway: no spare is worth promoting then.
         promoted = (
             set()
-            if services_restart or sweep is Sweep.GROWTH
+            if services_restart or sweep is not Sweep.NEEDED
             else self._promote_spares(job_id, lost, kept, groups, reported, generation, changes)
         )
         placed, degraded = self._place_missing(
             job_id, spec, status, wanted, kept, lost, cluster, generation, changes, sweep
         )
+        if SERVICES in placed and changes.services_handed_over:
+            # The trainers may still be training what the old orchestrator committed: the old lighthouse's agent
+            # keeps it until they have published the weights after its last rollout, as this one says.
+            committed = layout.committed_rollouts(Path(status["workdir"]))
+            relieves = {"node": node_of(groups[SERVICES]), "until": layout.version_after(max(committed, default=-1))}
+            key = keys.assignment(job_id, "lighthouse")
+            changes.puts[key] = {**changes.puts[key], "relieves": relieves}
         if SERVICES in placed and services_restart:
             # Every trainer group restarts with the services' new addresses.
             for group, members in kept.items():
@@ -297,6 +309,14 @@ class Controller:
         return lost
 
     @staticmethod
+    def _handing_over(kept: dict[str, dict[str, dict]], status: dict) -> bool:
+        """Whether the trainers still train on a lighthouse that a moved one relieves (``daemon.agent``)."""
+        relieves = kept.get(SERVICES, {}).get("lighthouse", {}).get("relieves")
+        return (
+            relieves is not None and (layout.latest_weights_version(Path(status["workdir"])) or 0) < relieves["until"]
+        )
+
+    @staticmethod
     def _promote_spares(job_id, lost, kept, groups, reported, generation, changes: Changes) -> set[str]:
         """A lost replica's place goes to an idle warm spare: its processes keep running, renamed."""
         adopted = {a.get("adopt") for members in groups.values() for a in members.values()}
@@ -332,14 +352,15 @@ class Controller:
         self, job_id, spec, status, wanted, kept, lost, cluster: Cluster, generation, changes: Changes, sweep: Sweep
     ) -> tuple[set[str], set[str]]:
         """Place the wanted groups without a place that ``sweep`` may place: in the needed sweep the lost,
-        promoted spares' and new engines' groups up to each kind's minimum, in the growth sweep the rest;
-        return the groups placed and the needed ones still without room."""
+        promoted spares' and new engines' groups up to each kind's minimum, in the growth sweep the rest
+        of the replicas and engines, in the spares sweep the warm spares; return the groups placed and
+        the needed ones still without room."""
         held_groups = [wanted[g] for g in kept if g in wanted]
         missing = [wanted[g] for g in wanted if g not in kept]
         marked = mark_growth(missing, held_groups, self._minimums(spec, status))
         if sweep is Sweep.NEEDED:
             for group in marked:
-                if group.growth and group.name in lost:
+                if group.growth and group.name in lost and group.kind in SIZED:
                     count = sum(1 for g in held_groups if g.kind is group.kind)
                     changes.events.append(
                         (
@@ -350,6 +371,10 @@ class Controller:
                         )
                     )
         missing = in_sweep(marked, sweep)
+        if changes.services_handed_over or self._handing_over(kept, status):
+            # A trainer started now would ask the new lighthouse for a quorum while the others still train
+            # on the old one: it starts once they have switched.
+            missing = [group for group in missing if group.kind not in TRAINER_KINDS]
         if not missing:
             return set(), set()
         held = {n: a for members in kept.values() for n, a in members.items()}
@@ -363,7 +388,7 @@ class Controller:
                 changes.puts[keys.assignment(job_id, proc)] = assignment
                 changes.deletes.discard(keys.assignment(job_id, proc))
             kind = wanted[group].kind.value
-            if sweep is Sweep.GROWTH:
+            if sweep is not Sweep.NEEDED:
                 changes.events.append(
                     (f"{kind}_added", f"{group} joins on node {node}", {"group": group, "node": node})
                 )

@@ -3,29 +3,26 @@
 A draining node's groups are asked to leave at their safe points: their assignments are marked
 ``drain`` with the node's deadline, at the same generation, so nothing restarts. A group whose processes
 all report ``drained`` has left and is placed elsewhere by the controller, as is one still there at the
-deadline (as from a dead node). The services leave with the orchestrator, once the trainers have
-trained every rollout it committed: then the lighthouse is idle when it moves, and every trainer makes
-its Manager again against the new one at the same rollout.
+deadline (as from a dead node). The services leave with the orchestrator, right after its commit: the
+new ones start elsewhere while the trainers train what it committed, on the old lighthouse, which the
+old node's agent keeps until they are done (the new lighthouse's assignment says whose it relieves);
+every trainer then makes its Manager again against the new one at the first rollout the new
+orchestrator commits.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-from checkpoints import layout
 from daemon.cluster import Changes, Cluster, node_of
 from daemon.plan import SERVICES
-from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
-from policies.drain import DRAINED_STATE, DrainStep, drain_step
+from policies.drain import DrainStep, drain_step
 from policies.placement import GroupKind
 
 
 def drain_groups(
     job_id: str,
-    spec: JobSpec,
-    status: dict,
     groups: dict[str, dict[str, dict]],
     lost: dict[str, str],
     reported: dict[str, dict],
@@ -50,12 +47,10 @@ def drain_groups(
             record.get("state") if record.get("generation") == members[proc]["generation"] else None
             for proc, record in ((proc, reported.get(proc, {})) for proc in members)
         ]
-        if group == SERVICES:
-            # The lighthouse and router leave with the orchestrator, once the trainers have trained what it
-            # committed: until then they still ask the lighthouse for quorums.
-            states = [states[list(members).index("orchestrator")]] if "orchestrator" in members else states
-            if states == [DRAINED_STATE] and not trainers_caught_up(spec, status):
-                states = [None]
+        if group == SERVICES and "orchestrator" in members:
+            # The router and lighthouse leave with the orchestrator. The trainers may still be training what it
+            # committed: the old lighthouse stays until they are done (``daemon.agent``).
+            states = [states[list(members).index("orchestrator")]]
         step = drain_step(group_kind(group), states, time.time(), drain["deadline"])
         if step is DrainStep.LEFT:
             leaving[group] = f"node {node} drained"
@@ -88,13 +83,3 @@ def drain_groups(
 
 def group_kind(group: str) -> GroupKind:
     return GroupKind.SERVICES if group == SERVICES else GroupKind(group.rsplit("-", 1)[0])
-
-
-def trainers_caught_up(spec: JobSpec, status: dict) -> bool:
-    """Whether the trainers have published the weights after every committed rollout (a job with no
-    trainer has nothing to wait for)."""
-    workdir = Path(status["workdir"])
-    committed = layout.committed_rollouts(workdir)
-    if not committed or spec.trainer_groups[0] == 0:
-        return True
-    return (layout.latest_weights_version(workdir) or 0) >= layout.version_after(committed[-1])

@@ -381,7 +381,7 @@ class Erld:
 
     async def drain_before_stopping(self, cluster: Cluster) -> None:
         """Once SIGTERM asked for a drain: record it (under the node lease, so it ends with this erld), and
-        stop once no job process is assigned here any more or the time given has run out."""
+        stop once no job process is assigned or running here any more, or the time given has run out."""
         if self.drain_requested is None:
             return
         if not self.drain_recorded:
@@ -393,7 +393,7 @@ class Erld:
             for job_id, procs in cluster.assignments.items()
             if cluster.statuses.get(job_id, {}).get("phase") in ACTIVE_PHASES
             for a in procs.values()
-        )
+        ) or any(self.table.alive(proc) for proc in self.table.procs.values())  # a lighthouse still needed, say
         if not here or time.time() >= self.drain_requested + self.config.drain_on_term_s:
             self.stopping.set()
 

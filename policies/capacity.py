@@ -6,7 +6,8 @@ or ``{min, max}``). A group the job needs to reach a kind's minimum is *needed*;
 
 Who gets free slots, in a controller pass (``Sweep``): first every job's needed groups (a pending
 job's whole minimum, a running job's groups below its minimum), jobs in submit order; then every
-running job's growth, in submit order. Warm spares count as needed: the spec asks for them by number.
+running job's growth, in submit order; then every job's warm spares, in submit order (a replica does
+work, a spare waits for one to fail).
 
 `erl scale` changes a running job's sizes (``rescale``): a number pins an exact count within the
 kind's range, MIN:MAX declares a new range (and clears the pin).
@@ -27,6 +28,7 @@ class Sweep(Enum):
 
     NEEDED = "needed"
     GROWTH = "growth"
+    SPARES = "spares"
 
 
 SIZED = {GroupKind.REPLICA: "replicas", GroupKind.ENGINE: "engines"}
@@ -36,7 +38,8 @@ SIZED = {GroupKind.REPLICA: "replicas", GroupKind.ENGINE: "engines"}
 def mark_growth(missing: Iterable[Group], held: Iterable[Group], minimums: dict[GroupKind, int]) -> list[Group]:
     """The ``missing`` groups, each marked needed while its kind holds fewer than its minimum (counting
     ``held`` and the needed ones before it, lowest index first) and growth after. Which replica or
-    engine is gone does not matter: a job that still holds its minimum of a kind is not degraded."""
+    engine is gone does not matter: a job that still holds its minimum of a kind is not degraded. A
+    warm spare is never needed: it goes where room is left."""
     count = Counter(group.kind for group in held)
     marked = []
     for group in sorted(missing, key=lambda group: index_order(group.name)):
@@ -44,13 +47,22 @@ def mark_growth(missing: Iterable[Group], held: Iterable[Group], minimums: dict[
             needed = count[group.kind] < minimums.get(group.kind, 0)
             count[group.kind] += needed
             group = replace(group, growth=not needed)
+        elif group.kind is GroupKind.SPARE:
+            group = replace(group, growth=True)
         marked.append(group)
     return marked
 
 
+def sweep_of(group: Group) -> Sweep:
+    """The sweep that places ``group`` (as ``mark_growth`` marked it)."""
+    if group.kind is GroupKind.SPARE:
+        return Sweep.SPARES
+    return Sweep.GROWTH if group.growth else Sweep.NEEDED
+
+
 def in_sweep(groups: Iterable[Group], sweep: Sweep) -> list[Group]:
     """The groups a sweep may place."""
-    return [group for group in groups if group.growth == (sweep is Sweep.GROWTH)]
+    return [group for group in groups if sweep_of(group) is sweep]
 
 
 @dataclass(frozen=True)

@@ -279,7 +279,10 @@ class Orchestrator:
         from the rollout after it (the metrics of rollouts not trained yet are recorded by that one)."""
         await self.persist_inflight()
         await self.progress.event("orchestrator_left", f"after committing rollout {rollout_id}: its node drains")
-        sys.exit(EXIT_DRAINED)
+        # Everything it owns is committed or persisted, and its successor starts only once it is gone: it ends
+        # now rather than after the interpreter's teardown (torch's takes a second or more on a busy node).
+        logging.shutdown()
+        os._exit(EXIT_DRAINED)
 
     def writer(self) -> dict[str, Any]:
         """Which orchestrator wrote a rollout: the chaos checker proves one writer per rollout with it."""
@@ -344,6 +347,7 @@ class Orchestrator:
         recorded = self.recorded_point()
         if not self.replaying:
             await self.wait_for_engines()
+        log.info("from rollout %d on, %d rollout(s) trained and not yet recorded", start, start - recorded)
         for rollout_id in range(start, spec.num_rollouts):
             if not self.replaying:
                 generator = self.sampler.generator
@@ -402,6 +406,7 @@ async def amain() -> None:
             orchestrator = None
             try:
                 orchestrator = Orchestrator(env, EngineAccess(router, direct), progress, assignment)
+                log.info("orchestrator of job %s ready", env.job)
                 await orchestrator.run()
             except asyncio.CancelledError:
                 if orchestrator is None:

@@ -29,9 +29,9 @@ it and no step is redone. When the services move off a draining node, the
 lighthouse moves too: each rollout records the lighthouse of the orchestrator
 that committed it, and a replica whose lighthouse is not the one a newly
 committed rollout names makes its Manager again against that one, keeping its
-model, optimizer and step in memory (the controller moves the services only
-once the trainers have trained every rollout the old orchestrator committed,
-so every replica switches at the same rollout).
+model, optimizer and step in memory. Every replica switches at the same
+rollout, the first the new orchestrator commits: until then they train on the
+old lighthouse, which its node keeps running (``daemon.agent``).
 """
 
 from __future__ import annotations

@@ -111,10 +111,12 @@ def test_a_dead_nodes_work_moves_and_the_run_ends_the_same(cluster, fault_free, 
     victim = {}
 
     def kill_a_replicas_node() -> None:
-        # A node with replica 1 (and not the services): the warm spare, on another node, takes its place.
+        # The node of a replica without the services: the warm spare, on another node, takes its place.
         procs = status(cluster, "tiny-grpo")["procs"]
-        victim["node"] = procs["trainer-1-0"]["node"]
-        assert victim["node"] != procs["orchestrator"]["node"]
+        services = procs["orchestrator"]["node"]
+        victim["proc"] = next(p for p in ("trainer-1-0", "trainer-0-0") if procs[p]["node"] != services)
+        victim["node"] = procs[victim["proc"]]["node"]
+        assert victim["node"] != procs["spare-0-0"]["node"]
         victim["pids"] = cluster.node(victim["node"]).kill_node()
 
     run_job(cluster, tmp_path, job(), [(kill_a_replicas_node, 3)], timeout_s=400)
@@ -122,11 +124,11 @@ def test_a_dead_nodes_work_moves_and_the_run_ends_the_same(cluster, fault_free, 
     assert_close_relative(final_weights(fault_free), final_weights(tmp_path), 1e-5)
     events = job_events(tmp_path)
     promoted = [e for e in events if e["kind"] == "spare_promoted"]
-    assert len(promoted) == 1 and promoted[0]["proc"] == "trainer-1-0"
+    assert len(promoted) == 1 and promoted[0]["proc"] == victim["proc"]
     # The promoted spare joined the quorum (healed from its peer, or resumed from a snapshot already at
     # the quorum's step, whichever the timing gave); a new spare started on a live node.
     joined = ("replica_healed", "trainer_resumed")
-    assert any(e["kind"] in joined and e["proc"] == "trainer-1-0" and e["time"] > promoted[0]["time"] for e in events)
+    assert any(e["kind"] in joined and e["proc"] == victim["proc"] and e["time"] > promoted[0]["time"] for e in events)
     assert [e["participants"] for e in events if e["kind"] == "quorum_changed"][-1] == 2
     assert any(e["kind"] == "proc_started" and e["proc"] == "spare-0-0" and e["node"] != victim["node"] for e in events)
     cluster.node(victim["node"]).start()  # the machine comes back

@@ -3,6 +3,8 @@ are growth, and placement that fills every need before any growth."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from elastic_rl.spec.loading import load_spec
@@ -52,9 +54,12 @@ def test_a_job_needs_its_minimum_by_count_whichever_groups_are_gone():
     # One held: the lowest missing index is needed, the rest are growth.
     marked = mark_growth([replica(3), replica(0), replica(2)], [replica(1)], minimums)
     assert [(g.name, g.growth) for g in marked] == [("replica-0", False), ("replica-2", True), ("replica-3", True)]
-    # Kinds without a range (the services, spares) are always needed.
-    services = Group("services", GroupKind.SERVICES, 0)
+    # The services are always needed; a warm spare never is: it comes after every job's growth.
+    services, spare = Group("services", GroupKind.SERVICES, 0), Group("spare-0", GroupKind.SPARE, 1)
     assert not mark_growth([services], [], minimums)[0].growth
+    assert in_sweep(mark_growth([spare, replica(2)], [replica(0), replica(1)], minimums), Sweep.SPARES) == [
+        replace(spare, growth=True)
+    ]
     assert [g.name for g in in_sweep(marked, Sweep.GROWTH)] == ["replica-2", "replica-3"]
     assert [g.name for g in in_sweep(marked, Sweep.NEEDED)] == ["replica-0"]
 

@@ -9,9 +9,7 @@ import pytest
 
 from daemon.cluster import Changes, Cluster, by_group
 from daemon.draining import drain_groups
-from elastic_rl.spec.loading import load_spec
 from elastic_rl.store import keys
-from tests.processes import SPEC
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -31,13 +29,12 @@ ASSIGNED = {
 
 
 def drain(tmp_path, draining: dict, reported: dict | None = None, assigned: dict | None = None):
-    spec = load_spec(SPEC, ["trainer.replicas=2"])
     status = {"workdir": str(tmp_path), "phase": "running"}
     assigned = assigned or ASSIGNED
     nodes = {"a": {"devices": 4}, "b": {"devices": 4}}
     cluster = Cluster({"j": status}, {"j": assigned}, nodes, {"j": reported or {}}, {}, draining=draining)
     changes = Changes()
-    left = drain_groups("j", spec, status, by_group(assigned), {}, reported or {}, cluster, changes)
+    left = drain_groups("j", by_group(assigned), {}, reported or {}, cluster, changes)
     return left, changes
 
 
