@@ -12,6 +12,7 @@ it started), an etcd member killed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -215,14 +216,19 @@ class ErldNode:
 
     def _job_processes(self) -> list[psutil.Process]:
         """The processes this erld started, its pool's interpreters included: its node name on this
-        topology's etcd (another topology's, a concurrent test session's, may share the name). A process
-        that was a pooled interpreter shows the pool's environment, not its job's, in /proc."""
-        return [
-            p
+        topology's etcd (another topology's, a concurrent test session's, may share the name), or, while
+        the erld lives, its children. A process that was a pooled interpreter shows the pool's environment,
+        not its job's, in /proc; the router shows none (it writes its process title over it)."""
+        found = {
+            p.pid: p
             for p in psutil.process_iter(["pid"])
             if self.name in ((env := _env_of(p)).get(jobenv.NODE), env.get(POOL_NODE))
             and env.get(jobenv.ETCD) == self.endpoint
-        ]
+        }
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if self.process is not None and self.etcd is not None:  # an erld with its own etcd keeps it
+                found.update({p.pid: p for p in psutil.Process(self.process.pid).children(recursive=True)})
+        return list(found.values())
 
 
 def _env_of(process: psutil.Process) -> dict[str, str]:

@@ -61,10 +61,16 @@ def by_group(assigned: dict[str, dict]) -> dict[str, dict[str, dict]]:
     return groups
 
 
-def reports(reported: dict[str, dict], proc: str, assignment: dict, state: str) -> bool:
-    """Whether the agent reports ``proc`` in ``state`` for this very assignment (not a predecessor's)."""
+def reported_state(reported: dict[str, dict], proc: str, assignment: dict) -> str | None:
+    """The state the agent reports ``proc`` in for this very assignment; None before it reports one (a
+    predecessor's report does not count)."""
     record = reported.get(proc, {})
-    return record.get("state") == state and record.get("generation") == assignment["generation"]
+    return record.get("state") if record.get("generation") == assignment["generation"] else None
+
+
+def reports(reported: dict[str, dict], proc: str, assignment: dict, state: str) -> bool:
+    """Whether the agent reports ``proc`` in ``state`` for this very assignment."""
+    return reported_state(reported, proc, assignment) == state
 
 
 def node_of(members: dict[str, dict]) -> str:

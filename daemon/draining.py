@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from daemon.cluster import Changes, Cluster, node_of
+from daemon.cluster import Changes, Cluster, node_of, reported_state
 from daemon.plan import SERVICES
 from elastic_rl.store import keys
 from policies.drain import DrainStep, drain_step
@@ -37,16 +37,14 @@ def drain_groups(
     for group, members in groups.items():
         node = node_of(members)
         drain = cluster.draining.get(node)
-        if drain is None or group in lost:
-            for proc, assignment in members.items():
-                if "drain" in assignment and group not in lost:
-                    kept = {k: v for k, v in assignment.items() if k != "drain"}
-                    changes.puts[keys.assignment(job_id, proc)] = kept
+        if group in lost:
             continue
-        states = [
-            record.get("state") if record.get("generation") == members[proc]["generation"] else None
-            for proc, record in ((proc, reported.get(proc, {})) for proc in members)
-        ]
+        if drain is None:
+            for proc, assignment in members.items():
+                if "drain" in assignment:
+                    changes.puts[keys.assignment(job_id, proc)] = {k: v for k, v in assignment.items() if k != "drain"}
+            continue
+        states = [reported_state(reported, proc, assignment) for proc, assignment in members.items()]
         if group == SERVICES and "orchestrator" in members:
             # The router and lighthouse leave with the orchestrator. The trainers may still be training what it
             # committed: the old lighthouse stays until they are done (``daemon.agent``).
@@ -82,4 +80,5 @@ def drain_groups(
 
 
 def group_kind(group: str) -> GroupKind:
+    """The kind of a group, by its name."""
     return GroupKind.SERVICES if group == SERVICES else GroupKind(group.rsplit("-", 1)[0])

@@ -2,7 +2,7 @@
 
 erld starts each process with the generation of its assignment
 (``ERL_GENERATION``). Before it commits anything the job keeps (a rollout to
-the log, exported weights, a snapshot) a process reads its assignment from
+the log, a metrics line, exported weights, a snapshot) a process reads its assignment from
 etcd: a newer generation, or none, means another instance has taken its place
 (its node's lease ran out, say, and the controller moved its work), and it
 exits without committing. While etcd answers nothing it waits: a commit it

@@ -268,6 +268,10 @@ class Orchestrator:
         line = {"rollout": rollout_id, "time": time.time(), **meta["metrics"], **trained}
         if rollout_id in self.commit_times:
             line["rollout/commit_time"] = self.commit_times.pop(rollout_id)
+        if self.assignment is not None:
+            # The metrics log is the job's record too: an orchestrator whose place another has taken (its node's
+            # lease ran out, say) appends nothing, or both would record the rollout.
+            await self.assignment.exit_if_superseded(self.progress.store)
         with open(layout.metrics_lines_path(self.workdir), "ab") as handle:
             handle.write(orjson.dumps(line) + b"\n")
         for sink in self.sinks:
