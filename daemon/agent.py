@@ -44,6 +44,7 @@ import orjson
 
 from checkpoints import layout
 from daemon import engines
+from daemon.draining import relieved_lighthouse_in_use
 from daemon.plan import Endpoints, ProcSpec, Role, command, node_environment, proc_spec, process_env, server_url
 from daemon.pool import InterpreterPool
 from daemon.proctable import LocalProc, ProcessTable, ProcState
@@ -256,8 +257,7 @@ class JobAgent:
         if proc_spec(proc.name).role is not Role.LIGHTHOUSE or relieves is None or relieves["node"] != self.node:
             return False
         no_trainer = self.spec.trainer_groups[0] == 0
-        trained = layout.latest_weights_version(self.workdir) or 0
-        return self.table.alive(proc) and not no_trainer and trained < relieves["until"]
+        return self.table.alive(proc) and not no_trainer and relieved_lighthouse_in_use(self.workdir, relieves)
 
     async def _drain_engines(self, mine: dict[str, dict], assigned: dict[str, dict]) -> None:
         """Engines asked to leave this draining node: out of the router now, stopped once their requests

@@ -53,7 +53,7 @@ from typing import Any
 
 from checkpoints import layout
 from daemon.cluster import Changes, Cluster, by_group, node_of, reports
-from daemon.draining import drain_groups
+from daemon.draining import drain_groups, relieved_lighthouse_in_use
 from daemon.plan import SERVICES, engine_group, group_procs, job_groups, replica_group
 from elastic_rl import jobenv
 from elastic_rl.events import EventLog
@@ -309,14 +309,6 @@ class Controller:
         return lost
 
     @staticmethod
-    def _handing_over(kept: dict[str, dict[str, dict]], status: dict) -> bool:
-        """Whether the trainers still train on a lighthouse that a moved one relieves (``daemon.agent``)."""
-        relieves = kept.get(SERVICES, {}).get("lighthouse", {}).get("relieves")
-        return (
-            relieves is not None and (layout.latest_weights_version(Path(status["workdir"])) or 0) < relieves["until"]
-        )
-
-    @staticmethod
     def _promote_spares(job_id, lost, kept, groups, reported, generation, changes: Changes) -> set[str]:
         """A lost replica's place goes to an idle warm spare: its processes keep running, renamed."""
         adopted = {a.get("adopt") for members in groups.values() for a in members.values()}
@@ -371,7 +363,8 @@ class Controller:
                         )
                     )
         missing = in_sweep(marked, sweep)
-        if changes.services_handed_over or self._handing_over(kept, status):
+        relieves = kept.get(SERVICES, {}).get("lighthouse", {}).get("relieves")
+        if changes.services_handed_over or relieved_lighthouse_in_use(Path(status["workdir"]), relieves):
             # A trainer started now would ask the new lighthouse for a quorum while the others still train
             # on the old one: it starts once they have switched.
             missing = [group for group in missing if group.kind not in TRAINER_KINDS]

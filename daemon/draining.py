@@ -13,7 +13,9 @@ orchestrator commits.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+from checkpoints import layout
 from daemon.cluster import Changes, Cluster, node_of, reported_state
 from daemon.plan import SERVICES
 from elastic_rl.store import keys
@@ -82,3 +84,9 @@ def drain_groups(
 def group_kind(group: str) -> GroupKind:
     """The kind of a group, by its name."""
     return GroupKind.SERVICES if group == SERVICES else GroupKind(group.rsplit("-", 1)[0])
+
+
+def relieved_lighthouse_in_use(workdir: Path, relieves: dict | None) -> bool:
+    """Whether the trainers still train on the lighthouse that a moved one relieves (its assignment's
+    ``relieves``): they have not yet published the weights after the old orchestrator's last rollout."""
+    return relieves is not None and (layout.latest_weights_version(workdir) or 0) < relieves["until"]

@@ -90,7 +90,7 @@ def add_cluster_commands(commands) -> None:
     drain = add_command(
         commands,
         "drain",
-        "empty a node by a deadline: engines hand over their requests, replicas leave the quorum after a step, "
+        "empty a node by a deadline: engines hand over their requests, replicas leave the quorum after a rollout, "
         "the services move after a commit; what is left at the deadline is recovered as after a node death",
         "erl drain node-b --deadline 120",
         cmd_drain,

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from daemon.cluster import Changes, Cluster, by_group
-from daemon.draining import drain_groups
+from daemon.draining import drain_groups, relieved_lighthouse_in_use
 from elastic_rl.store import keys
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -83,3 +83,12 @@ def test_an_undrained_node_loses_its_marks(tmp_path):
     assigned = {**ASSIGNED, "engine-0": {**ASSIGNED["engine-0"], "drain": time.time() + 60}}
     left, changes = drain(tmp_path, {}, assigned=assigned)
     assert left == {} and changes.puts == {keys.assignment("j", "engine-0"): ASSIGNED["engine-0"]}
+
+
+def test_a_relieved_lighthouse_is_in_use_until_the_named_weights_are_published(tmp_path):
+    assert not relieved_lighthouse_in_use(tmp_path, None)
+    relieves = {"node": "a", "until": 6}
+    (tmp_path / "weights" / "5").mkdir(parents=True)
+    assert relieved_lighthouse_in_use(tmp_path, relieves)
+    (tmp_path / "weights" / "6").mkdir()
+    assert not relieved_lighthouse_in_use(tmp_path, relieves)
