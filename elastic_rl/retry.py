@@ -23,6 +23,7 @@ async def with_retries(
     attempts: int,
     first_backoff_s: float,
     before_retry: Callable[[], Awaitable[None]] | None = None,
+    max_backoff_s: float = MAX_BACKOFF_S,
 ) -> T:
     """``call`` until it succeeds or ``attempts`` are spent; ``before_retry`` runs before each new try
     (the etcd client moves to its next endpoint there)."""
@@ -34,7 +35,7 @@ async def with_retries(
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(retry_on),
         stop=stop_after_attempt(attempts),
-        wait=_backoff(first_backoff_s),
+        wait=_backoff(first_backoff_s, max_backoff_s),
         before_sleep=prepare,
         reraise=True,
     ):
@@ -43,12 +44,12 @@ async def with_retries(
     raise AssertionError("unreachable: tenacity re-raises the last failure")
 
 
-def _backoff(first_s: float) -> Callable[[RetryCallState], float]:
-    """``first_s`` doubled at each attempt, plus up to a second of jitter, at most ``MAX_BACKOFF_S``.
+def _backoff(first_s: float, max_s: float) -> Callable[[RetryCallState], float]:
+    """``first_s`` doubled at each attempt, plus up to a second of jitter, at most ``max_s``.
     (tenacity's wait_exponential_jitter says the same, but warns about its own argument on every call,
     which cost the orchestrator about 15 % of its CPU.)"""
 
     def wait(state: RetryCallState) -> float:
-        return min(MAX_BACKOFF_S, first_s * 2 ** (state.attempt_number - 1) + random.uniform(0, 1))
+        return min(max_s, first_s * 2 ** (state.attempt_number - 1) + random.uniform(0, 1))
 
     return wait

@@ -17,8 +17,9 @@ that brings nothing is sent again with backoff, until
 an answer from other weights than the rollout's, once the engines are
 realigned (one realignment at a time, bounded by ``SERVE_TIMEOUT_S``). With
 ``rollout.generate_function`` the user's function makes each sample instead
-(several turns, tool calls), through an ``EngineSession``, unstreamed: such a
-sample is started over, not continued. ``rollout.max_concurrency`` caps the
+(several turns, tool calls), through an ``EngineSession``, whose calls are
+streamed and continued in the same way; a restarted orchestrator makes such a
+sample again from its start. ``rollout.max_concurrency`` caps the
 requests in flight. Seeds are derived from (job seed, their parts) only, so a
 restarted orchestrator sends exactly the requests the lost one would have.
 """
@@ -107,8 +108,11 @@ class Generated:
 
 
 class EngineSession:
-    """The engine client a generate function gets: SGLang's /generate through the router, with the
-    rollout's retries and concurrency cap, noting the weight version of every call."""
+    """The engine client a user's generate or rollout function gets: SGLang's /generate through the
+    router (or, while it is down, straight to an engine), with the rollout's retries, weight version
+    and concurrency cap. Each call is streamed like the orchestrator's own requests: a stream that
+    breaks is continued from the tokens that arrived, on another engine. It notes the weight version
+    and token count of every call it answers."""
 
     def __init__(self, generator: GroupGenerator, results: list[dict[str, Any]]):
         self._generator = generator
@@ -116,11 +120,26 @@ class EngineSession:
         self.segments: list[Segment] = []
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
-        """SGLang's answer: output_ids and meta_info (output_token_logprobs, finish_reason, weight_version)."""
-        result = await self._generator.request(input_ids, sampling_params, abortable=False)
-        self._results.append(result)
-        self.segments.append(Segment(int(result["meta_info"]["weight_version"]), len(result["output_ids"])))
-        return result
+        """SGLang's answer: output_ids and meta_info (output_token_logprobs, finish_reason, weight_version,
+        completion_tokens). Raises ``elastic_rl.errors.EngineRejected`` for a request the engine refuses
+        (HTTP 4xx: bad data, not retried)."""
+        made = await self._generator.generate_on(
+            input_ids, Sample.unstarted(), sampling_params, self._results, abortable=False, key=None
+        )
+        self.segments += made.segments
+        return {
+            "output_ids": made.output_ids,
+            "meta_info": {
+                "output_token_logprobs": [[lp, token, None] for lp, token in zip(made.logprobs, made.output_ids)],
+                "finish_reason": {"type": FINISH_REASONS[made.status]},
+                "weight_version": str(made.version),
+                "completion_tokens": len(made.output_ids),
+            },
+        }
+
+
+FINISH_REASONS = {SampleStatus.COMPLETED: "stop", SampleStatus.TRUNCATED: "length", SampleStatus.ABORTED: "abort"}
+"""SGLang's finish reason for how a request ended."""
 
 
 @dataclass
@@ -215,11 +234,11 @@ class GroupGenerator:
             return await self._custom(prompt, prompt_ids, params, results)
         so_far = so_far or Sample.unstarted()
         try:
-            return await self._generate_on(prompt_ids, so_far, params, results, abortable, key)
+            return await self.generate_on(prompt_ids, so_far, params, results, abortable, key)
         except EngineRejected as exc:  # this sample's request is bad data: skipped and counted
             return Sample([], [], so_far.segments, SampleStatus.COMPLETED, error=f"prompt {prompt.index}: {exc}")
 
-    async def _generate_on(
+    async def generate_on(
         self,
         prompt_ids: list[int],
         sample: Sample,
@@ -328,31 +347,6 @@ class GroupGenerator:
         while True:
             try:
                 return await self._realigned(self._realignments)
-            except EngineError as exc:
-                await self._failed(failures, str(exc))
-
-    async def request(self, ids: list[int], params: dict[str, Any], abortable: bool) -> dict[str, Any] | None:
-        """The engine's answer; None if a partial rollout filled up before an ``abortable`` request went out.
-
-        An answer from other weights than ``serving`` (a replacement engine that registered on the
-        newest weights mid-rollout) is not used: the engines are realigned and the request sent again.
-        """
-        failures = ConsecutiveFailures(self.spec.rollout.max_request_failures)
-        while True:
-            realignments = self._realignments
-            try:
-                async with self.concurrency or contextlib.nullcontext():
-                    if self.full and abortable:
-                        return None
-                    result = await self.router.generate(ids, params)
-                version = int(result["meta_info"]["weight_version"])
-                if self.serving is None or version == self.serving.version:
-                    return result
-                self.failed_requests += 1
-                self._count(failures, f"an engine answered with weights {version}, not {self.serving.version}")
-                await self._realigned(realignments)
-            except EngineRejected:
-                raise
             except EngineError as exc:
                 await self._failed(failures, str(exc))
 

@@ -51,6 +51,7 @@ from elastic_rl.rollout.generation import Serving
 from elastic_rl.rollout.groups import samples_record, to_batch
 from elastic_rl.rollout.inflight import InFlight
 from elastic_rl.rollout.metric_sinks import metric_sinks
+from elastic_rl.rollout.rollout_function import RolloutFunction
 from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GroupSampler
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
@@ -111,16 +112,19 @@ class Orchestrator:
         self.tokenizer = load_tokenizer(self.spec.model)
         self.replaying = self.spec.debug.train_only is not None
         # A replay copies another job's rollouts: it builds no sampler, so it imports none of the user's
-        # functions (reward, generate, filters), which only generating calls.
+        # functions (reward, generate, rollout, filters), which only generating calls.
         self.sampler: GroupSampler | None = None
         self.evaluator: Evaluator | None = None
         self.inflight = InFlight(
             self.workdir if self.spec.rollout.continue_inflight else None,
             lambda kind, message: self.progress.event(kind, message),
         )
+        self.rollout_function: RolloutFunction | None = None
         if not self.replaying:
             self.sampler = GroupSampler(self.spec, self.tokenizer, engines, self.inflight)
             self.evaluator = Evaluator(self.spec, self.tokenizer, self.sampler.generator, self.sampler.scorer)
+            if self.spec.rollout.rollout_function is not None:
+                self.rollout_function = RolloutFunction(self.spec, self.sampler)
         self.sinks = metric_sinks(self.spec, self.workdir)
         # Checked before each commit: only the orchestrator the controller assigned writes the log.
         self.assignment = assignment
@@ -202,8 +206,16 @@ class Orchestrator:
             batch, metrics = supervised_batch(prompts, pad_token_id(self.tokenizer), self.engine_version or 0)
             filled = Filled([], drawn=[prompt for prompt, _, _ in prompts], skipped=skipped, metrics=metrics)
         else:
-            filled = await self.sampler.fill(rollout_id, self.engine_version)
+            filler = self.rollout_function or self.sampler
+            filled = await filler.fill(rollout_id, self.engine_version)
             batch = to_batch(filled.groups, pad_token_id(self.tokenizer))
+        if filled.function_failures:
+            await self.progress.event(
+                "rollout_function_failed",
+                f"rollout.rollout_function failed {len(filled.function_failures)} time(s) and was called again for "
+                f"the same prompts. First: {filled.function_failures[0]}",
+                rollout=rollout_id,
+            )
         if filled.abort_failures:
             await self.progress.event(
                 "abort_failed",
@@ -357,6 +369,7 @@ class Orchestrator:
                 generator = self.sampler.generator
                 # rollout/failed_requests counts the rollout's weight loads and eval as well as its generation.
                 generator.failed_requests = 0
+                self.sampler.scorer.count_from_zero()
                 self.direct_requests_before = self.engines.direct_requests
                 version = 0 if debug.rollout_only else spec.generating_version(rollout_id)
                 await self.wait_for_weights(version)  # the trainers' time: not bounded as a load is

@@ -38,7 +38,7 @@ from elastic_rl.rollout.generation import GroupGenerator, Work
 from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, fifo
 from elastic_rl.rollout.inflight import InFlight
 from elastic_rl.rollout.prompts import SupervisedExample, render, render_example
-from elastic_rl.rollout.scoring import Scorer
+from elastic_rl.rollout.scoring import Scored, Scorer
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
 from policies.dynamic_sampling import ConsecutiveFailures, zero_std
@@ -74,6 +74,8 @@ class Filled:
     aborted_samples: int = 0
     abort_failures: list[str] = field(default_factory=list)
     """Engines a partial rollout could not abort, and why (their requests ran to their end)."""
+    function_failures: list[str] = field(default_factory=list)
+    """Why each call of a rollout function that was called again failed."""
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -168,9 +170,12 @@ class GroupSampler:
             for group in groups
         ]
 
-    async def _score(self, group: Group, errors: list[str]) -> None:
-        """Each sample's reward; an unscorable one gets None and a line in ``errors``."""
-        for sample, (reward, why) in zip(group.samples, await self.scorer.score(group.prompt, group.samples)):
+    async def _score(self, group: Group, errors: list[str], scored: list[Scored] | None = None) -> None:
+        """Each sample's reward (``scored``'s, or the scorer's); an unscorable one gets None and a line in
+        ``errors``."""
+        if scored is None:
+            scored = await self.scorer.score(group.prompt, group.samples)
+        for sample, (reward, why) in zip(group.samples, scored):
             sample.reward = reward
             if why is not None:
                 errors.append(why)
@@ -180,15 +185,15 @@ class GroupSampler:
                     f"(rollout.max_consecutive_bad_samples); the last: {errors[-1]}"
                 )
 
-    async def _keep_buffer_or_drop(self, group: Group, filled: Filled) -> bool:
-        """Buffer an unfinished group; score a finished one and keep it or drop it (recorded with why).
-        True if kept."""
+    async def keep_buffer_or_drop(self, group: Group, filled: Filled, scored: list[Scored] | None = None) -> bool:
+        """Buffer an unfinished group; score a finished one (unless ``scored`` already) and keep it or drop
+        it (recorded with why). True if kept."""
         if not group.finished:
             self.buffer.add([group])
             filled.aborted_samples += sum(not sample.finished for sample in group.samples)
             return False
         filled.finished_groups += 1
-        await self._score(group, filled.errors)
+        await self._score(group, filled.errors, scored)
         if not group.scored:
             filled.dropped.append((group, DropReason.UNSCORABLE))
         elif self.keep is not None and not self._kept(group):
@@ -207,9 +212,14 @@ class GroupSampler:
 
     async def _generate_round(self, work: list[Work], filled: Filled, results: list) -> int:
         """Generate a round to its end and keep, buffer or drop its groups in draw order; return how many
-        were kept."""
-        groups = await asyncio.gather(*(self.generator.generate(item, results) for item in work))
-        return sum([await self._keep_buffer_or_drop(group, filled) for group in groups])
+        were kept. Each group is scored as soon as it is generated (a reward model works meanwhile)."""
+
+        async def made(item: Work) -> tuple[Group, list[Scored] | None]:
+            group = await self.generator.generate(item, results)
+            return group, await self.scorer.score(group.prompt, group.samples) if group.finished else None
+
+        groups = await asyncio.gather(*(made(item) for item in work))
+        return sum([await self.keep_buffer_or_drop(group, filled, scored) for group, scored in groups])
 
     async def _generate_round_partially(self, work: list[Work], filled: Filled, results: list, wanted: int) -> int:
         """Keep, buffer or drop groups as they finish; once the rollout has ``wanted``, abort the rest
@@ -230,7 +240,7 @@ class GroupSampler:
                 done, pending = await asyncio.wait(
                     pending, timeout=ABORT_REPEAT_S if aborting else None, return_when=asyncio.FIRST_COMPLETED
                 )
-                kept += sum([await self._keep_buffer_or_drop(task.result(), filled) for task in done])
+                kept += sum([await self.keep_buffer_or_drop(task.result(), filled) for task in done])
                 generator.full = len(filled.groups) >= wanted  # from now on only continued groups' requests are sent
                 if pending and generator.full and not any(tasks[task] for task in pending):
                     # Repeated: a request may reach its engine after the previous abort.
@@ -290,7 +300,7 @@ class GroupSampler:
             filled.groups.sort(key=lambda group: group.oldest_version)
         self.buffer.add(filled.groups[wanted:])
         filled.groups = filled.groups[:wanted]
-        filled.metrics = self._metrics(filled, results, rounds, from_buffer, time.monotonic() - started)
+        filled.metrics = self.metrics(filled, results, rounds, from_buffer, time.monotonic() - started)
         return filled
 
     def _why_nothing_kept(self, rounds: int, filled: Filled) -> str:
@@ -305,9 +315,10 @@ class GroupSampler:
             "; ".join(why) or "every group was aborted"
         )
 
-    def _metrics(
+    def metrics(
         self, filled: Filled, results: list[dict], rounds: int, from_buffer: int, elapsed: float
     ) -> dict[str, float]:
+        """The rollout's metrics line, as far as filling it made it."""
         n = self.spec.rollout.n_samples_per_prompt
         rewards = [reward for group in filled.groups for reward in group.rewards]
         lengths = [len(sample.output_ids) for group in filled.groups for sample in group.samples]
@@ -334,6 +345,7 @@ class GroupSampler:
             "rollout/continued_groups": float(filled.continued_groups),
             "rollout/unscorable_samples": float(len(filled.errors)),
             "rollout/failed_requests": float(self.generator.failed_requests),
+            "rollout/reward_model_failures": float(self.scorer.reward_model_failures),
             "rollout/regenerated_tokens": float(self.generator.inflight.regenerated_tokens),
             "rollout/resumed_tokens": float(self.generator.inflight.resumed_tokens),
             "rollout/inflight_persist_time": self.generator.inflight.persist_time,

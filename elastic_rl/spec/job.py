@@ -60,6 +60,11 @@ class JobSpec(Component):
                 "algorithm.kind sft generates nothing to filter or buffer: remove rollout.dynamic_filter, "
                 "rollout.over_sampling_batch_size and rollout.partial_rollout"
             )
+        if self.algorithm.kind is AlgorithmKind.SFT and self.rollout.rollout_function:
+            raise ValueError(
+                "algorithm.kind sft trains on the data's responses and generates nothing: remove "
+                "rollout.rollout_function"
+            )
         return self
 
     @model_validator(mode="after")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
+from pydantic import AnyHttpUrl, Field, PositiveFloat, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from checkpoints.layout import version_before
 from elastic_rl.spec.base import Component
@@ -12,6 +12,44 @@ from elastic_rl.spec.base import Component
 BUILTIN_REWARDS = ("toy_copy", "exact_match", "boxed_math", "f1", "math")
 GROUP_FILTERS = ("zero_std",)
 BUFFER_FILTERS = ("fifo",)
+
+REPLACED_BY_REWARD_MODEL = ("reward_function", "group_reward_function", "reward_key")
+MEANINGLESS_WITH_ROLLOUT_FUNCTION = (
+    "generate_function",
+    "partial_rollout",
+    "over_sampling_batch_size",
+    "dynamic_filter",
+    "buffer_filter",
+)
+WHY_NOT = {
+    "reward_function": "the reward model scores the samples; drop one",
+    "group_reward_function": "the reward model scores the samples; drop one",
+    "reward_key": "set rollout.reward_model.reward_key instead",
+    "generate_function": "the rollout function makes every sample itself; drop one",
+    "partial_rollout": "a rollout function's samples are not aborted and buffered; drop one",
+    "over_sampling_batch_size": "the rollout function is given exactly the prompts a rollout trains; drop one",
+    "dynamic_filter": "filter inside the rollout function (leave out what you do not want trained); drop one",
+    "buffer_filter": "a rollout function's rollouts buffer nothing; drop one",
+}
+
+
+class RewardModelSpec(Component):
+    """A reward model served over HTTP (slime's --rm-url): each sample is posted as JSON
+    {"prompt", "response", "label", "metadata"} and the answer is its reward, a number or a dict."""
+
+    url: AnyHttpUrl
+    """Where the samples are posted."""
+    timeout_s: PositiveFloat = 30.0
+    """Longest wait for one answer; longer counts as a failure of the reward model."""
+    batch_size: PositiveInt = 1
+    """Samples per request: 1 posts one JSON object and reads one reward; more post a list of up to
+    this many objects and read a list of as many rewards."""
+    reward_key: str | None = None
+    """For answers that are dicts: the key of the reward in them."""
+    max_failures: PositiveInt = 8
+    """Times in a row one request may fail (no connection, a timeout, HTTP 5xx, 408 or 429) before
+    the job fails; until then it is sent again after 1, 2, 4 ... 30 s, and each failure is counted
+    (rollout/reward_model_failures). The groups waiting for it are kept, not dropped."""
 
 
 class RolloutSpec(Component):
@@ -53,6 +91,16 @@ class RolloutSpec(Component):
     ``RewardInput``) at once, as a reward model that compares them is, returning one reward each."""
     reward_key: str | None = None
     """For a reward function that returns a dict: the key of the reward in it."""
+    reward_model: RewardModelSpec | None = None
+    """Used instead of reward (as reward_function is): a reward model served over HTTP."""
+    rollout_function: str | None = None
+    """A user's module:function, sync or async, that makes a whole rollout its own way (agents,
+    environments, several engine calls per sample): given a ``RolloutInput`` (the rollout's prompts,
+    sampling settings, seeds) and the job's engine client, it returns a list of ``RolloutSample``.
+    See elastic_rl/rollout/rollout_function.py and examples/multi_turn_rollout.py."""
+    max_rollout_function_failures: PositiveInt = 4
+    """Times in a row the rollout function may raise or return something malformed before the job
+    fails; until then the rollout is made again, from the same prompts and seeds, after 1, 2, 4 ... s."""
     generate_function: str | None = None
     """A user's async module:function that generates one sample its own way (several turns, tool
     calls): given a ``GenerateInput`` and an engine client, it returns a ``Generated`` (the tokens
@@ -113,7 +161,7 @@ class RolloutSpec(Component):
             raise ValueError(f"unknown reward {value!r}: use one of {', '.join(builtin)} or module:function")
         return value
 
-    @field_validator("reward_function", "group_reward_function", "generate_function")
+    @field_validator("reward_function", "group_reward_function", "generate_function", "rollout_function")
     @classmethod
     def _module_function(cls, value: str | None) -> str | None:
         if value is None:
@@ -145,6 +193,8 @@ class RolloutSpec(Component):
             raise ValueError("mode async generates with older weights than it trains: set max_staleness >= 1")
         if self.reward_function and self.group_reward_function:
             raise ValueError("give reward_function or group_reward_function, not both")
+        self._nothing_beside("reward_model", REPLACED_BY_REWARD_MODEL)
+        self._nothing_beside("rollout_function", MEANINGLESS_WITH_ROLLOUT_FUNCTION)
         if self.generate_function and self.partial_rollout:
             raise ValueError("partial_rollout cannot abort and continue a generate_function's turns: drop one")
         if self.partial_rollout and self.max_staleness < 1:
@@ -180,6 +230,14 @@ class RolloutSpec(Component):
         if self.dynamic_filter == "zero_std" and self.n_samples_per_prompt < 2:
             raise ValueError("dynamic_filter zero_std drops every group of one sample: set n_samples_per_prompt >= 2")
         return self
+
+    def _nothing_beside(self, field: str, others: tuple[str, ...]) -> None:
+        """Refuse each of ``others`` that the spec sets, to other than its default, beside ``field``."""
+        if getattr(self, field) is None:
+            return
+        for other in others:
+            if getattr(self, other) != type(self).model_fields[other].default:
+                raise ValueError(f"rollout.{field} cannot be combined with rollout.{other}: {WHY_NOT[other]}")
 
     @property
     def samples_per_rollout(self) -> int:

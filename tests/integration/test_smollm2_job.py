@@ -1,6 +1,7 @@
 """GRPO on SmolLM2-135M-Instruct under erld: a short job trains, exports weights transformers loads and
 the cpu engine serves, starts with its reference equal to the policy; a killed replica heals from its peer;
-every engine overloaded for a minute is load, and none is replaced."""
+every engine overloaded for a minute is load, and none is replaced; the multi-turn rollout function trains it
+through an orchestrator kill."""
 
 from __future__ import annotations
 
@@ -9,14 +10,19 @@ import os
 import signal
 import time
 
+import orjson
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from chaos.invariants import check_run, read_spec
 from checkpoints import layout
+from elastic_rl.model.tokenizer import load_tokenizer
 from tests.integration.erld_support import job_events, metrics, overload_engines, run_job, running_daemon, status
+from tests.integration.test_custom_rollouts import assert_the_loss_covers_only_the_models_turns, inside_the_function
 from tests.integration.test_replicas import assert_close_relative
 from tests.processes import REPO, SMOLLM2
+from tests.rollouts import calls
 
 pytestmark = [pytest.mark.integration]
 
@@ -176,3 +182,35 @@ def test_every_engine_overloaded_for_a_minute_restarts_none(smollm2_daemon, tmp_
     assert max(overload_ends) < max(e["time"] for e in events)
     engine_events = [e for e in events if (e.get("proc") or "").startswith("engine")]
     assert not [e for e in engine_events if e["kind"] in ("engine_unhealthy", "proc_exited", "proc_restarted")]
+
+
+# `make chaos`: make test runs the same on the tiny model (test_custom_rollouts.py)
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
+def test_a_multi_turn_rollout_function_on_smollm2_survives_an_orchestrator_kill(smollm2_daemon, tmp_path):
+    """The multi-turn rollout function (the calculator between model turns) trains SmolLM2; the orchestrator
+    SIGKILLed while the function holds rollout 1's samples changes nothing: the function runs again, each
+    rollout is committed and trained once, and the weights end bitwise equal to the fault-free run's."""
+    job = [
+        *short_job(),
+        "--set",
+        "rollout.rollout_function=tests.rollouts:multi_turn_then_settle",
+        "--set",
+        "rollout.max_new_tokens=24",
+        "--set",
+        "checkpoints.keep_last=1000",
+    ]
+    clean, faulty = tmp_path / "clean", tmp_path / "faulty"
+    run_job(smollm2_daemon, clean, job, spec=SPEC, timeout_s=500)
+    killed = run_job(smollm2_daemon, faulty, job, [("orchestrator", inside_the_function(1))], spec=SPEC, timeout_s=500)
+    assert killed == ["orchestrator"] and len(calls(faulty, 1)) == 2
+    checks = check_run(faulty, clean, status(smollm2_daemon, "smollm2-math")["status"], tolerance=0.0)
+    assert all(check.held for check in checks), [check for check in checks if not check.held]
+    assert all(math.isfinite(line["train/loss"]) for line in metrics(faulty))
+    tokenizer = load_tokenizer(read_spec(faulty).model)
+    for rollout_id in range(ROLLOUTS):
+        folder = layout.rollout_dir(faulty, rollout_id)
+        batch = load_file(str(folder / "batch.safetensors"))
+        assert_the_loss_covers_only_the_models_turns(
+            batch, orjson.loads((folder / "meta.json").read_bytes()), tokenizer
+        )

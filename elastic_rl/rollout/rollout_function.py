@@ -1,0 +1,300 @@
+"""A user's whole-rollout function (``rollout.rollout_function``, slime's ``--rollout-function-path``):
+what it is given, what it returns, and the checks its return passes before it touches the buffer.
+
+For each rollout the ``RolloutFunction`` draws ``prompts_per_rollout`` prompts
+(over-long ones skipped, as always) and calls the user's function, sync or
+async, with a ``RolloutInput`` (the prompts with their token ids, the sampling
+settings, each call's seed) and the job's ``EngineSession``: the orchestrator's
+own engine client, with its retries, weight version and continuation of a
+broken stream. The function may do anything between engine calls (run tools,
+an environment, a judge) and returns a list of ``RolloutSample``:
+``n_samples_per_prompt`` for every prompt it was given.
+
+Its return is checked whole (``checked_samples``) before any of it is used:
+a malformed one names the sample and the field. A function that raises or
+returns something malformed is called again for the same prompts, with the
+same seeds, after 1, 2, 4 ... s, each time counted
+(``rollout/rollout_function_failures``), until
+``rollout.max_rollout_function_failures`` in a row fail the job with the last
+reason. A sample it could not make (``error``), or whose reward is not a
+finite number, is bad data: its group is skipped and counted as any other,
+and another call makes groups for as many fresh prompts. Samples without a
+``reward`` are scored by the job's reward (or reward model).
+
+The rollout is committed once, as every rollout is. An orchestrator that dies
+during the call resumes from the last commit and draws the same prompts; with
+``rollout.deterministic`` the seeds are the same too, so it makes the same
+rollout again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from elastic_rl.errors import GaveUp
+from elastic_rl.plugins import load_function
+from elastic_rl.rollout.data import Prompt
+from elastic_rl.rollout.generation import EngineSession, derived_seed
+from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
+from elastic_rl.rollout.sampler import Drawn, Filled, GroupSampler
+from elastic_rl.rollout.scoring import Scored
+from elastic_rl.spec.job import JobSpec
+from policies.dynamic_sampling import ConsecutiveFailures
+
+log = logging.getLogger("elastic_rl.rollout_function")
+
+FIRST_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class RolloutPrompt:
+    """One prompt of the rollout."""
+
+    number: int
+    """Its place in ``RolloutInput.prompts``: a ``RolloutSample`` names its prompt by it."""
+    prompt: Prompt
+    """Its text, its label and where it is in the data (index, epoch)."""
+    prompt_ids: list[int]
+    """Its tokens, chat template applied."""
+
+
+@dataclass
+class RolloutInput:
+    """What a rollout function is given."""
+
+    rollout_id: int
+    prompts: list[RolloutPrompt]
+    n_samples_per_prompt: int
+    """Samples to return for each prompt: one GRPO group each."""
+    max_new_tokens: int
+    """Most tokens after a prompt, a tool's included."""
+    tokenizer: Any
+    _sampling: dict[str, Any] = field(repr=False, default_factory=dict)
+    _seed_parts: tuple | None = field(repr=False, default=None)
+
+    def sampling_params(self, prompt: int, sample: int, turn: int = 0) -> dict[str, Any]:
+        """The rollout's sampling parameters (SGLang's names) for one engine call: the ``turn``-th call for
+        sample ``sample`` of prompt number ``prompt``. With rollout.deterministic it holds a sampling_seed
+        drawn from the job's seed and these three, so a rollout made again draws the same tokens.
+        Lower its max_new_tokens to what the sample has left."""
+        params = dict(self._sampling)
+        if self._seed_parts is not None:
+            where = self.prompts[prompt].prompt
+            params["sampling_seed"] = derived_seed(*self._seed_parts, where.epoch, where.index, sample, turn)
+        return params
+
+
+@dataclass
+class RolloutSample:
+    """One sample a rollout function made."""
+
+    prompt: int
+    """The number of its prompt (``RolloutPrompt.number``)."""
+    output_ids: list[int]
+    """Every token after the prompt: the model's and any a tool or environment inserted."""
+    loss_mask: list[int]
+    """1 at each token the model generated, 0 at the others: only the model's are trained."""
+    logprobs: list[float]
+    """The engine's log prob of each of the model's tokens (from output_token_logprobs), 0 at the others."""
+    weight_version: int
+    """The weight version of the engine calls that made it (their answers' meta_info.weight_version;
+    the oldest, if they differ). Not checked for a sample with an error."""
+    status: str = "completed"
+    """completed, or truncated when it ran out of max_new_tokens."""
+    reward: float | None = None
+    """Its reward, if the function scores it; None: the job's reward scores it. A group's samples give
+    one each or none."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Anything to keep with the sample (turns, tool calls); committed in the rollout's meta.json."""
+    error: str | None = None
+    """Why it could not be made: its group is skipped and counted as bad data, not trained."""
+
+
+class MalformedReturn(ValueError):
+    """What a rollout function returned cannot be used; the message names the sample and the field."""
+
+
+def checked_samples(returned: Any, given: RolloutInput, vocab_size: int, versions: range) -> list[list[RolloutSample]]:
+    """The function's samples by prompt, in the order returned; ``MalformedReturn`` naming the sample and
+    the field that is wrong. ``versions``: the weight versions the rollout may train on."""
+    if not isinstance(returned, (list, tuple)):
+        raise MalformedReturn(f"it returned {type(returned).__name__}, not a list of RolloutSample")
+    by_prompt: list[list[RolloutSample]] = [[] for _ in given.prompts]
+    for number, sample in enumerate(returned):
+        where = f"sample {number}"
+        if not isinstance(sample, RolloutSample):
+            raise MalformedReturn(
+                f"{where} is a {type(sample).__name__}, not elastic_rl.rollout.rollout_function.RolloutSample"
+            )
+        if not isinstance(sample.prompt, int) or not 0 <= sample.prompt < len(given.prompts):
+            raise MalformedReturn(f"{where}: prompt is {sample.prompt!r}, not the number of one of its prompts")
+        _check_sample(where, sample, given.max_new_tokens, vocab_size, versions)
+        by_prompt[sample.prompt].append(sample)
+    for rollout_prompt, samples in zip(given.prompts, by_prompt):
+        where = f"prompt {rollout_prompt.number} (data index {rollout_prompt.prompt.index})"
+        if len(samples) != given.n_samples_per_prompt:
+            raise MalformedReturn(
+                f"{where} has {len(samples)} samples, not rollout.n_samples_per_prompt ({given.n_samples_per_prompt})"
+            )
+        rewarded = sum(sample.reward is not None for sample in samples)
+        if rewarded not in (0, len(samples)):
+            raise MalformedReturn(
+                f"{where}: {rewarded} of its {len(samples)} samples have a reward: give every sample of a group "
+                "a reward, or none (the job's reward scores them)"
+            )
+    return by_prompt
+
+
+def _check_sample(where: str, sample: RolloutSample, max_new_tokens: int, vocab_size: int, versions: range) -> None:
+    lengths = (len(sample.output_ids), len(sample.loss_mask), len(sample.logprobs))
+    if len(set(lengths)) != 1:
+        raise MalformedReturn(f"{where}: output_ids, loss_mask and logprobs differ in length {lengths}")
+    if lengths[0] > max_new_tokens:
+        raise MalformedReturn(f"{where}: output_ids holds {lengths[0]} tokens, over max_new_tokens ({max_new_tokens})")
+    if not all(isinstance(token, int) and 0 <= token < vocab_size for token in sample.output_ids):
+        raise MalformedReturn(f"{where}: output_ids holds a value that is not a token id (0 to {vocab_size - 1})")
+    if not set(sample.loss_mask) <= {0, 1}:
+        raise MalformedReturn(f"{where}: loss_mask holds values other than 0 and 1")
+    if not all(isinstance(lp, (int, float)) and math.isfinite(lp) and lp <= 0 for lp in sample.logprobs):
+        raise MalformedReturn(f"{where}: logprobs holds a value that is not a finite log probability (<= 0)")
+    if sample.error is None and (not isinstance(sample.weight_version, int) or sample.weight_version not in versions):
+        raise MalformedReturn(
+            f"{where}: weight_version is {sample.weight_version!r}, outside the versions this rollout may train on "
+            f"({versions.start} to {versions.stop - 1}: rollout.max_staleness)"
+        )
+    if sample.status not in ("completed", "truncated"):
+        raise MalformedReturn(f"{where}: status is {sample.status!r}: use completed or truncated")
+    if sample.error is not None and not isinstance(sample.error, str):
+        raise MalformedReturn(f"{where}: error is a {type(sample.error).__name__}, not a string")
+    if not isinstance(sample.metadata, dict):
+        raise MalformedReturn(f"{where}: metadata is a {type(sample.metadata).__name__}, not a dict")
+    try:  # committed in the rollout's meta.json, written as here
+        orjson.dumps(sample.metadata, option=orjson.OPT_SORT_KEYS)
+    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
+        raise MalformedReturn(f"{where}: metadata is not JSON-serialisable: {exc}") from None
+
+
+class RolloutFunction:
+    """Fills a rollout through the user's rollout function, with the sampler's data, scorer and engine
+    client (``GroupSampler``: the same state is committed with every rollout)."""
+
+    def __init__(self, spec: JobSpec, sampler: GroupSampler):
+        self.spec = spec
+        self.sampler = sampler
+        self.name = spec.rollout.rollout_function
+        self.function: Callable = load_function("rollout.rollout_function", self.name)
+        self.failures = 0
+        """Calls that raised or returned something malformed in the rollout being filled."""
+
+    async def fill(self, rollout_id: int, version: int) -> Filled:
+        """The rollout's groups, made by the function with weights ``version``."""
+        spec = self.spec.rollout
+        wanted = spec.prompts_per_rollout
+        filled = Filled([])
+        self.failures = 0
+        started = time.monotonic()
+        results: list[dict[str, Any]] = []
+        rounds = empty_rounds = 0
+        while len(filled.groups) < wanted:
+            prompts, skipped = self.sampler.draw(wanted - len(filled.groups))
+            filled.skipped += skipped
+            filled.drawn += [prompt for prompt, _, _ in prompts]
+            kept = 0
+            for group, scored in await self._made(rollout_id, rounds, prompts, version, results, filled):
+                kept += await self.sampler.keep_buffer_or_drop(group, filled, scored)
+            rounds += 1
+            empty_rounds = 0 if kept else empty_rounds + 1
+            if empty_rounds >= spec.max_filtered_rounds:
+                raise GaveUp(
+                    f"{empty_rounds} calls of rollout.rollout_function in a row made no group that could be scored "
+                    f"(rollout.max_filtered_rounds); the first reason: {filled.errors[0]}"
+                )
+        filled.metrics = self.sampler.metrics(filled, results, rounds, 0, time.monotonic() - started)
+        filled.metrics["rollout/rollout_function_failures"] = float(self.failures)
+        return filled
+
+    async def _made(
+        self,
+        rollout_id: int,
+        round_index: int,
+        prompts: list[Drawn],
+        version: int,
+        results: list[dict[str, Any]],
+        filled: Filled,
+    ) -> list[tuple[Group, list[Scored] | None]]:
+        """The function's groups for ``prompts``, each with its own rewards (None: the job's reward scores
+        it); the function called again while it fails."""
+        given = self._input(rollout_id, round_index, prompts)
+        lowest = max(0, version - self.spec.rollout.max_staleness)
+        versions = range(lowest, version + 1)
+        in_a_row = ConsecutiveFailures(self.spec.rollout.max_rollout_function_failures)
+        while True:
+            session = EngineSession(self.sampler.generator, results)
+            try:
+                returned = self.function(given, session)
+                if inspect.isawaitable(returned):
+                    returned = await returned
+                by_prompt = checked_samples(returned, given, len(given.tokenizer), versions)
+            except GaveUp:
+                raise
+            except Exception as exc:  # a user's function: an infrastructure failure of the rollout, retried
+                why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, MalformedReturn) else f"malformed: {exc}"
+                self.failures += 1
+                filled.function_failures.append(why)
+                if in_a_row.record(True):
+                    raise GaveUp(
+                        f"rollout.rollout_function {self.name} failed {in_a_row.count} times in a row "
+                        f"(rollout.max_rollout_function_failures); the last: {why}"
+                    ) from None
+                log.warning("rollout %d: the rollout function failed (%s); calling it again", rollout_id, why)
+                await asyncio.sleep(min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (in_a_row.count - 1)))
+                continue
+            return [self._group(rollout_prompt, samples) for rollout_prompt, samples in zip(given.prompts, by_prompt)]
+
+    def _input(self, rollout_id: int, round_index: int, prompts: list[Drawn]) -> RolloutInput:
+        spec = self.spec.rollout
+        generator = self.sampler.generator
+        seed_parts = (self.spec.seed, rollout_id, "rollout_function", round_index) if spec.deterministic else None
+        sampling = generator.sampling_params(())
+        sampling.pop("sampling_seed", None)
+        return RolloutInput(
+            rollout_id,
+            [RolloutPrompt(number, prompt, list(ids)) for number, (prompt, ids, _) in enumerate(prompts)],
+            spec.n_samples_per_prompt,
+            spec.max_new_tokens,
+            generator.tokenizer,
+            sampling,
+            seed_parts,
+        )
+
+    def _group(self, rollout_prompt: RolloutPrompt, samples: list[RolloutSample]) -> tuple[Group, list[Scored] | None]:
+        """A group of the function's samples, and their rewards if it gave them (checked as any reward)."""
+        group = Group(
+            rollout_prompt.prompt,
+            rollout_prompt.prompt_ids,
+            [
+                Sample(
+                    list(made.output_ids),
+                    [float(lp) for lp in made.logprobs],
+                    [Segment(made.weight_version, len(made.output_ids))],
+                    SampleStatus(made.status),
+                    loss_mask=list(made.loss_mask),
+                    metadata=dict(made.metadata),
+                    error=None if made.error is None else f"prompt {rollout_prompt.prompt.index}: {made.error}",
+                )
+                for made in samples
+            ],
+        )
+        if samples[0].reward is None or any(sample.error for sample in group.samples):
+            return group, None  # the scorer scores it (a group with an error it skips)
+        return group, [self.sampler.scorer.checked(rollout_prompt.prompt, made.reward) for made in samples]
