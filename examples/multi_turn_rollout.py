@@ -27,12 +27,14 @@ MAX_TURNS = 3
 
 
 async def rollout(given: RolloutInput, engine: EngineSession) -> list[RolloutSample]:
-    made = [
-        one_sample(given, engine, prompt.number, sample)
-        for prompt in given.prompts
-        for sample in range(given.n_samples_per_prompt)
-    ]
-    return list(await asyncio.gather(*made))
+    # A task group: if one sample fails, the others' engine calls are cancelled rather than left running.
+    async with asyncio.TaskGroup() as samples:
+        made = [
+            samples.create_task(one_sample(given, engine, prompt.number, sample))
+            for prompt in given.prompts
+            for sample in range(given.n_samples_per_prompt)
+        ]
+    return [task.result() for task in made]
 
 
 async def one_sample(given: RolloutInput, engine: EngineSession, number: int, sample: int) -> RolloutSample:

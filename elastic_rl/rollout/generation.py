@@ -117,6 +117,7 @@ class EngineSession:
     def __init__(self, generator: GroupGenerator, results: list[dict[str, Any]]):
         self._generator = generator
         self._results = results
+        self._loop = asyncio.get_running_loop()
         self.segments: list[Segment] = []
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
@@ -136,6 +137,11 @@ class EngineSession:
                 "completion_tokens": len(made.output_ids),
             },
         }
+
+    def generate_blocking(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        """``generate``, for a sync rollout function: it runs in a thread of its own and waits here while the
+        orchestrator's loop makes the call."""
+        return asyncio.run_coroutine_threadsafe(self.generate(input_ids, sampling_params), self._loop).result()
 
 
 FINISH_REASONS = {SampleStatus.COMPLETED: "stop", SampleStatus.TRUNCATED: "length", SampleStatus.ABORTED: "abort"}

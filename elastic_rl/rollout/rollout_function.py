@@ -2,18 +2,21 @@
 what it is given, what it returns, and the checks its return passes before it touches the buffer.
 
 For each rollout the ``RolloutFunction`` draws ``prompts_per_rollout`` prompts
-(over-long ones skipped, as always) and calls the user's function, sync or
-async, with a ``RolloutInput`` (the prompts with their token ids, the sampling
-settings, each call's seed) and the job's ``EngineSession``: the orchestrator's
-own engine client, with its retries, weight version and continuation of a
-broken stream. The function may do anything between engine calls (run tools,
-an environment, a judge) and returns a list of ``RolloutSample``:
-``n_samples_per_prompt`` for every prompt it was given.
+(over-long ones skipped, as always) and calls the user's function with a
+``RolloutInput`` (the prompts with their token ids, the sampling settings,
+each call's seed) and the job's ``EngineSession``: the orchestrator's own
+engine client, with its retries, weight version and continuation of a broken
+stream. An async function runs on the orchestrator's loop; a sync one in a
+thread of its own, calling the engines with ``generate_blocking``. The
+function may do anything between engine calls (run tools, an environment, a
+judge) and returns a list of ``RolloutSample``: ``n_samples_per_prompt`` for
+every prompt it was given.
 
 Its return is checked whole (``checked_samples``) before any of it is used:
-a malformed one names the sample and the field. A function that raises or
-returns something malformed is called again for the same prompts, with the
-same seeds, after 1, 2, 4 ... s, each time counted
+a malformed one names the sample and the field, and a weight version must be
+one the call's engine requests were answered by, within the staleness bound.
+A function that raises or returns something malformed is called again for the
+same prompts, with the same seeds, after 1, 2, 4 ... s, each time counted
 (``rollout/rollout_function_failures``), until
 ``rollout.max_rollout_function_failures`` in a row fail the job with the last
 reason. A sample it could not make (``error``), or whose reward is not a
@@ -42,13 +45,13 @@ import orjson
 
 from elastic_rl.errors import GaveUp
 from elastic_rl.plugins import load_function
+from elastic_rl.retry import with_retries
 from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.generation import EngineSession, derived_seed
 from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
 from elastic_rl.rollout.sampler import Drawn, Filled, GroupSampler
 from elastic_rl.rollout.scoring import Scored
 from elastic_rl.spec.job import JobSpec
-from policies.dynamic_sampling import ConsecutiveFailures
 
 log = logging.getLogger("elastic_rl.rollout_function")
 
@@ -124,9 +127,12 @@ class MalformedReturn(ValueError):
     """What a rollout function returned cannot be used; the message names the sample and the field."""
 
 
-def checked_samples(returned: Any, given: RolloutInput, vocab_size: int, versions: range) -> list[list[RolloutSample]]:
+def checked_samples(
+    returned: Any, given: RolloutInput, vocab_size: int, versions: range, answered: set[int]
+) -> list[list[RolloutSample]]:
     """The function's samples by prompt, in the order returned; ``MalformedReturn`` naming the sample and
-    the field that is wrong. ``versions``: the weight versions the rollout may train on."""
+    the field that is wrong. ``versions``: the weight versions the rollout may train on; ``answered``: those
+    the call's engine requests were answered by."""
     if not isinstance(returned, (list, tuple)):
         raise MalformedReturn(f"it returned {type(returned).__name__}, not a list of RolloutSample")
     by_prompt: list[list[RolloutSample]] = [[] for _ in given.prompts]
@@ -138,7 +144,9 @@ def checked_samples(returned: Any, given: RolloutInput, vocab_size: int, version
             )
         if not isinstance(sample.prompt, int) or not 0 <= sample.prompt < len(given.prompts):
             raise MalformedReturn(f"{where}: prompt is {sample.prompt!r}, not the number of one of its prompts")
-        _check_sample(where, sample, given.max_new_tokens, vocab_size, versions)
+        _check_sample(where, sample, given.max_new_tokens, vocab_size)
+        if sample.error is None:
+            _check_version(where, sample.weight_version, versions, answered)
         by_prompt[sample.prompt].append(sample)
     for rollout_prompt, samples in zip(given.prompts, by_prompt):
         where = f"prompt {rollout_prompt.number} (data index {rollout_prompt.prompt.index})"
@@ -155,23 +163,26 @@ def checked_samples(returned: Any, given: RolloutInput, vocab_size: int, version
     return by_prompt
 
 
-def _check_sample(where: str, sample: RolloutSample, max_new_tokens: int, vocab_size: int, versions: range) -> None:
+def _check_sample(where: str, sample: RolloutSample, max_new_tokens: int, vocab_size: int) -> None:
+    for name in ("output_ids", "loss_mask", "logprobs"):
+        if not isinstance(getattr(sample, name), (list, tuple)):
+            raise MalformedReturn(f"{where}: {name} is a {type(getattr(sample, name)).__name__}, not a list")
     lengths = (len(sample.output_ids), len(sample.loss_mask), len(sample.logprobs))
     if len(set(lengths)) != 1:
         raise MalformedReturn(f"{where}: output_ids, loss_mask and logprobs differ in length {lengths}")
     if lengths[0] > max_new_tokens:
         raise MalformedReturn(f"{where}: output_ids holds {lengths[0]} tokens, over max_new_tokens ({max_new_tokens})")
-    if not all(isinstance(token, int) and 0 <= token < vocab_size for token in sample.output_ids):
-        raise MalformedReturn(f"{where}: output_ids holds a value that is not a token id (0 to {vocab_size - 1})")
-    if not set(sample.loss_mask) <= {0, 1}:
-        raise MalformedReturn(f"{where}: loss_mask holds values other than 0 and 1")
-    if not all(isinstance(lp, (int, float)) and math.isfinite(lp) and lp <= 0 for lp in sample.logprobs):
-        raise MalformedReturn(f"{where}: logprobs holds a value that is not a finite log probability (<= 0)")
-    if sample.error is None and (not isinstance(sample.weight_version, int) or sample.weight_version not in versions):
-        raise MalformedReturn(
-            f"{where}: weight_version is {sample.weight_version!r}, outside the versions this rollout may train on "
-            f"({versions.start} to {versions.stop - 1}: rollout.max_staleness)"
-        )
+    for at, token in enumerate(sample.output_ids):
+        if type(token) is not int or not 0 <= token < vocab_size:
+            raise MalformedReturn(
+                f"{where}: output_ids[{at}] is {token!r} ({type(token).__name__}), not a token id: an int from 0 "
+                f"to {vocab_size - 1}"
+            )
+    if not all(type(bit) is int and bit in (0, 1) for bit in sample.loss_mask):
+        raise MalformedReturn(f"{where}: loss_mask holds values other than the ints 0 and 1")
+    for at, logprob in enumerate(sample.logprobs):
+        if not isinstance(logprob, (int, float)) or not math.isfinite(logprob) or logprob > 0:
+            raise MalformedReturn(f"{where}: logprobs[{at}] is {logprob!r}, not a log probability (finite, <= 0)")
     if sample.status not in ("completed", "truncated"):
         raise MalformedReturn(f"{where}: status is {sample.status!r}: use completed or truncated")
     if sample.error is not None and not isinstance(sample.error, str):
@@ -184,6 +195,23 @@ def _check_sample(where: str, sample: RolloutSample, max_new_tokens: int, vocab_
         raise MalformedReturn(f"{where}: metadata is not JSON-serialisable: {exc}") from None
 
 
+def _check_version(where: str, version: Any, versions: range, answered: set[int]) -> None:
+    if type(version) is not int or version not in versions:
+        raise MalformedReturn(
+            f"{where}: weight_version is {version!r}, outside the versions this rollout may train on "
+            f"({versions.start} to {versions.stop - 1}: rollout.max_staleness)"
+        )
+    if version not in answered:
+        raise MalformedReturn(
+            f"{where}: weight_version is {version}, but no engine call of this rollout was answered by those "
+            f"weights (they were answered by {sorted(answered) or 'none: it made no engine call'})"
+        )
+
+
+class FunctionFailed(Exception):
+    """A call of the rollout function failed: it raised, or returned something malformed."""
+
+
 class RolloutFunction:
     """Fills a rollout through the user's rollout function, with the sampler's data, scorer and engine
     client (``GroupSampler``: the same state is committed with every rollout)."""
@@ -193,15 +221,13 @@ class RolloutFunction:
         self.sampler = sampler
         self.name = spec.rollout.rollout_function
         self.function: Callable = load_function("rollout.rollout_function", self.name)
-        self.failures = 0
-        """Calls that raised or returned something malformed in the rollout being filled."""
 
     async def fill(self, rollout_id: int, version: int) -> Filled:
         """The rollout's groups, made by the function with weights ``version``."""
         spec = self.spec.rollout
         wanted = spec.prompts_per_rollout
+        versions = range(spec.oldest_allowed(rollout_id, version), version + 1)
         filled = Filled([])
-        self.failures = 0
         started = time.monotonic()
         results: list[dict[str, Any]] = []
         rounds = empty_rounds = 0
@@ -209,9 +235,11 @@ class RolloutFunction:
             prompts, skipped = self.sampler.draw(wanted - len(filled.groups))
             filled.skipped += skipped
             filled.drawn += [prompt for prompt, _, _ in prompts]
+            made = await self._made(rollout_id, rounds, prompts, versions, results, filled)
+            scored = await asyncio.gather(*(self._scored(group, rewards) for group, rewards in made))
             kept = 0
-            for group, scored in await self._made(rollout_id, rounds, prompts, version, results, filled):
-                kept += await self.sampler.keep_buffer_or_drop(group, filled, scored)
+            for (group, _), rewards in zip(made, scored):
+                kept += await self.sampler.keep_buffer_or_drop(group, filled, rewards)
             rounds += 1
             empty_rounds = 0 if kept else empty_rounds + 1
             if empty_rounds >= spec.max_filtered_rounds:
@@ -220,46 +248,59 @@ class RolloutFunction:
                     f"(rollout.max_filtered_rounds); the first reason: {filled.errors[0]}"
                 )
         filled.metrics = self.sampler.metrics(filled, results, rounds, 0, time.monotonic() - started)
-        filled.metrics["rollout/rollout_function_failures"] = float(self.failures)
+        filled.metrics["rollout/rollout_function_failures"] = float(len(filled.function_failures))
         return filled
+
+    async def _scored(self, group: Group, rewards: list[Scored] | None) -> list[Scored]:
+        return rewards if rewards is not None else await self.sampler.scorer.score(group.prompt, group.samples)
 
     async def _made(
         self,
         rollout_id: int,
         round_index: int,
         prompts: list[Drawn],
-        version: int,
+        versions: range,
         results: list[dict[str, Any]],
         filled: Filled,
     ) -> list[tuple[Group, list[Scored] | None]]:
         """The function's groups for ``prompts``, each with its own rewards (None: the job's reward scores
-        it); the function called again while it fails."""
-        given = self._input(rollout_id, round_index, prompts)
-        lowest = max(0, version - self.spec.rollout.max_staleness)
-        versions = range(lowest, version + 1)
-        in_a_row = ConsecutiveFailures(self.spec.rollout.max_rollout_function_failures)
-        while True:
+        it). A failed call is made again, for the same prompts and seeds, until
+        rollout.max_rollout_function_failures in a row fail the job."""
+
+        async def call() -> list[tuple[Group, list[Scored] | None]]:
+            given = self._input(rollout_id, round_index, prompts)  # afresh: the last call may have changed it
             session = EngineSession(self.sampler.generator, results)
             try:
-                returned = self.function(given, session)
-                if inspect.isawaitable(returned):
-                    returned = await returned
-                by_prompt = checked_samples(returned, given, len(given.tokenizer), versions)
-            except GaveUp:
-                raise
-            except Exception as exc:  # a user's function: an infrastructure failure of the rollout, retried
-                why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, MalformedReturn) else f"malformed: {exc}"
-                self.failures += 1
+                returned = await self._called(given, session)
+                answered = {segment.version for segment in session.segments}
+                by_prompt = checked_samples(returned, given, len(given.tokenizer), versions, answered)
+            except Exception as exc:  # a user's function: a failure of this rollout, made again
+                verdict = _gave_up(exc)
+                if verdict is not None:  # the orchestrator's own: an infrastructure budget ran out
+                    raise verdict from exc
+                why = f"malformed: {exc}" if isinstance(exc, MalformedReturn) else f"{type(exc).__name__}: {exc}"
                 filled.function_failures.append(why)
-                if in_a_row.record(True):
-                    raise GaveUp(
-                        f"rollout.rollout_function {self.name} failed {in_a_row.count} times in a row "
-                        f"(rollout.max_rollout_function_failures); the last: {why}"
-                    ) from None
                 log.warning("rollout %d: the rollout function failed (%s); calling it again", rollout_id, why)
-                await asyncio.sleep(min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (in_a_row.count - 1)))
-                continue
+                raise FunctionFailed(why) from exc
             return [self._group(rollout_prompt, samples) for rollout_prompt, samples in zip(given.prompts, by_prompt)]
+
+        attempts = self.spec.rollout.max_rollout_function_failures
+        try:
+            return await with_retries(call, (FunctionFailed,), attempts, FIRST_BACKOFF_S, max_backoff_s=MAX_BACKOFF_S)
+        except FunctionFailed as exc:
+            raise GaveUp(
+                f"rollout.rollout_function {self.name} failed {attempts} times in a row "
+                f"(rollout.max_rollout_function_failures); the last: {exc}"
+            ) from None
+
+    async def _called(self, given: RolloutInput, session: EngineSession) -> Any:
+        """The function's return. A sync function runs in a thread of its own, so the orchestrator's loop (its
+        engine calls, the in-flight log) goes on meanwhile; it calls the engines with
+        ``EngineSession.generate_blocking``."""
+        if inspect.iscoroutinefunction(self.function):
+            return await self.function(given, session)
+        returned = await asyncio.to_thread(self.function, given, session)
+        return await returned if inspect.isawaitable(returned) else returned
 
     def _input(self, rollout_id: int, round_index: int, prompts: list[Drawn]) -> RolloutInput:
         spec = self.spec.rollout
@@ -298,3 +339,22 @@ class RolloutFunction:
         if samples[0].reward is None or any(sample.error for sample in group.samples):
             return group, None  # the scorer scores it (a group with an error it skips)
         return group, [self.sampler.scorer.checked(rollout_prompt.prompt, made.reward) for made in samples]
+
+
+def _gave_up(exc: BaseException) -> GaveUp | None:
+    """The ``GaveUp`` in ``exc`` (itself, one of its group's, or what caused it), if any: an infrastructure
+    budget of the orchestrator's own (the engines') ran out inside the function, which is not the function's
+    failure."""
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, GaveUp):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            pending += current.exceptions
+        pending += [current.__cause__, current.__context__]
+    return None

@@ -259,9 +259,8 @@ class GroupSampler:
         spec = self.spec.rollout
         wanted = spec.prompts_per_rollout
         filled = Filled([])
-        # A group is stale past the bound, unless the engines serve no newer weights (debug.rollout_only).
         version = spec.generating_version(rollout_id) if version is None else version
-        oldest_allowed = min(rollout_id - spec.staleness_bound, version)
+        oldest_allowed = spec.oldest_allowed(rollout_id, version)
         await self.generator.inflight.begin(rollout_id, oldest_allowed)
         stale = self.buffer.drop_older_than(oldest_allowed)
         filled.dropped += [(group, DropReason.STALE) for group in stale]

@@ -28,7 +28,7 @@ WHY_NOT = {
     "generate_function": "the rollout function makes every sample itself; drop one",
     "partial_rollout": "a rollout function's samples are not aborted and buffered; drop one",
     "over_sampling_batch_size": "the rollout function is given exactly the prompts a rollout trains; drop one",
-    "dynamic_filter": "filter inside the rollout function (leave out what you do not want trained); drop one",
+    "dynamic_filter": "a rollout function's groups are trained as it returns them; drop one",
     "buffer_filter": "a rollout function's rollouts buffer nothing; drop one",
 }
 
@@ -43,7 +43,7 @@ class RewardModelSpec(Component):
     """Longest wait for one answer; longer counts as a failure of the reward model."""
     batch_size: PositiveInt = 1
     """Samples per request: 1 posts one JSON object and reads one reward; more post a list of up to
-    this many objects and read a list of as many rewards."""
+    this many of a group's samples and read a list of as many rewards."""
     reward_key: str | None = None
     """For answers that are dicts: the key of the reward in them."""
     max_failures: PositiveInt = 8
@@ -266,6 +266,11 @@ class RolloutSpec(Component):
         restarted orchestrator generates with the same weights."""
         lag = 0 if self.mode == "sync" else self.max_staleness
         return max(0, version_before(rollout_id - lag))
+
+    def oldest_allowed(self, rollout_id: int, version: int) -> int:
+        """The oldest weight version a sample of rollout ``rollout_id``, generated with weights ``version``,
+        may come from: the staleness bound's, unless the engines serve no newer weights (debug.rollout_only)."""
+        return min(rollout_id - self.staleness_bound, version)
 
     @property
     def staleness_bound(self) -> int:

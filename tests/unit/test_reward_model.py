@@ -35,6 +35,8 @@ class FakeRewardModel:
     async def handle(self, request: web.Request) -> web.Response:
         self.requests += 1
         if self.requests <= self.down_for:
+            if self.mode == "slow":  # past the client's timeout
+                await asyncio.sleep(1.0)
             return web.Response(status=503, text="loading")
         body = await request.json()
         self.bodies.append(body)
@@ -113,6 +115,8 @@ def test_a_model_that_does_not_answer_is_waited_for_and_counted():
     results, scorer = scored(FakeRewardModel(down_for=3), batch_size=4)
     assert results == [(1.0, None)] * 3 + [(0.0, None)]
     assert scorer.reward_model_failures == 3
+    slow, scorer = scored(FakeRewardModel("slow", down_for=1), batch_size=4, timeout_s=0.3)
+    assert slow == results and scorer.reward_model_failures == 1
     scorer.count_from_zero()
     assert scorer.reward_model_failures == 0
 

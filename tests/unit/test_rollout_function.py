@@ -116,9 +116,14 @@ def good(prompt: int, **changes) -> RolloutSample:
         ([good(0), good(0, logprobs=[-1.0]), good(1), good(1)], "sample 1: output_ids, loss_mask and logprobs differ"),
         ([good(0), good(0, loss_mask=[1, 2]), good(1), good(1)], "sample 1: loss_mask"),
         ([good(0), good(0), good(1, logprobs=[math.nan, 0.0]), good(1)], "sample 2: logprobs"),
-        ([good(0), good(0), good(1, output_ids=[5, 10**9]), good(1)], "sample 2: output_ids holds a value"),
+        ([good(0), good(0), good(1, output_ids=[5, 10**9]), good(1)], "sample 2: output_ids[1] is 1000000000 (int)"),
+        ([good(0), good(0), good(1, output_ids=None), good(1)], "sample 2: output_ids is a NoneType, not a list"),
         ([good(0), good(0), good(1, output_ids=[5] * 9, loss_mask=[1] * 9, logprobs=[0.0] * 9), good(1)], "over max"),
-        ([good(0), good(0), good(1), good(1, weight_version=VERSION - 2)], "sample 3: weight_version is 1"),
+        ([good(0), good(0), good(1), good(1, weight_version=VERSION - 2)], "sample 3: weight_version is 1, outside"),
+        (
+            [good(0, weight_version=VERSION - 1), good(0), good(1), good(1)],
+            "sample 0: weight_version is 2, but no engine",
+        ),
         ([good(0), good(0, status="done"), good(1), good(1)], "sample 1: status"),
         ([good(0), good(0), good(1), good(1, metadata={"x": object()})], "sample 3: metadata"),
         ([good(0), good(0), good(1)], "prompt 1 (data index 11) has 1 samples"),
@@ -130,12 +135,12 @@ def good(prompt: int, **changes) -> RolloutSample:
 )
 def test_a_malformed_return_is_refused_naming_the_sample_and_the_field(returned, named):
     with pytest.raises(MalformedReturn, match=re.escape(named)):
-        checked_samples(returned, given(), vocab_size=100, versions=range(VERSION - 1, VERSION + 1))
+        checked_samples(returned, given(), 100, range(VERSION - 1, VERSION + 1), answered={VERSION})
 
 
 def test_a_well_formed_return_passes_grouped_by_prompt():
     samples = [good(1), good(0), good(0, error="the tool timed out", weight_version=0), good(1)]
-    by_prompt = checked_samples(samples, given(), vocab_size=100, versions=range(VERSION - 1, VERSION + 1))
+    by_prompt = checked_samples(samples, given(), 100, range(VERSION, VERSION + 1), answered={VERSION})
     assert by_prompt == [[samples[1], samples[2]], [samples[0], samples[3]]]
 
 
@@ -143,18 +148,38 @@ CALLS = {"count": 0}
 
 
 def fails_twice(given: RolloutInput, engine) -> list[RolloutSample]:
-    """A rollout function that raises twice, then returns a malformed list once, then works (sync)."""
+    """A sync rollout function (it runs in a thread, and calls the engine blocking) that raises twice, then
+    returns a malformed list once, then works."""
     CALLS["count"] += 1
     if CALLS["count"] <= 2:
         raise ConnectionError("the environment server is restarting")
+    answer = engine.generate_blocking(given.prompts[0].prompt_ids, given.sampling_params(0, 0))
+    version = int(answer["meta_info"]["weight_version"])
     samples = [
-        RolloutSample(p.number, [5], [1], [-0.1], VERSION, reward=float(s)) for p in given.prompts for s in range(2)
+        RolloutSample(p.number, [5], [1], [-0.1], version, reward=float(s)) for p in given.prompts for s in (0, 1)
     ]
     return samples[:-1] if CALLS["count"] == 3 else samples
 
 
 def always_fails(given: RolloutInput, engine):
     raise RuntimeError("the environment is gone")
+
+
+async def claims_older_weights(given: RolloutInput, engine) -> list[RolloutSample]:
+    """Makes its samples with the engine, then claims the weights before those that answered."""
+    answer = await engine.generate(given.prompts[0].prompt_ids, given.sampling_params(0, 0))
+    older = int(answer["meta_info"]["weight_version"]) - 1
+    return [RolloutSample(p.number, [5], [1], [-0.1], older) for p in given.prompts for _ in range(2)]
+
+
+async def engines_given_up_inside_a_task_group(given: RolloutInput, engine):
+    """The engines' failure budget runs out in one of the function's tasks."""
+
+    async def request() -> None:
+        raise GaveUp("a generation request failed 8 times in a row (rollout.max_request_failures)")
+
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(request())
 
 
 POISONED: set[int] = set()
@@ -191,6 +216,20 @@ def test_a_function_that_keeps_failing_fails_the_job_with_the_last_reason():
         asyncio.run(filler.fill(0, VERSION))
 
 
+def test_samples_from_weights_older_than_the_staleness_bound_are_refused():
+    # Sync mode without a buffer: a rollout trains only the weights that generate it.
+    filler, _ = filling(spec(rollout_function=f"{HERE}:claims_older_weights", max_rollout_function_failures=2))
+    with pytest.raises(GaveUp, match=r"weight_version is 2, outside the versions this rollout may train on \(3 to 3"):
+        asyncio.run(filler.fill(5, VERSION))
+
+
+def test_the_engines_giving_up_inside_the_function_is_not_the_functions_failure():
+    filler, _ = filling(spec(rollout_function=f"{HERE}:engines_given_up_inside_a_task_group"))
+    with pytest.raises(GaveUp, match="max_request_failures") as raised:
+        asyncio.run(filler.fill(0, VERSION))
+    assert "rollout_function" not in str(raised.value)  # given up at once, not called again
+
+
 def test_a_reward_that_is_not_a_number_skips_its_group_and_a_fresh_prompt_takes_its_place():
     POISONED.clear()
     filler, _ = filling(spec(rollout_function=f"{HERE}:gives_nan_rewards_to_its_first_prompt"))
@@ -216,9 +255,14 @@ def test_the_spec_refuses_what_a_rollout_function_makes_meaningless(fields, name
         spec(rollout_function=EXAMPLE, **fields)
 
 
-@pytest.mark.parametrize("field", ["reward_function", "group_reward_function"])
-def test_the_spec_refuses_a_reward_function_beside_a_reward_model(field):
-    with pytest.raises(SpecError, match=f"rollout.reward_model cannot be combined with rollout.{field}"):
-        spec(reward_model={"url": "http://127.0.0.1:9/"}, **{field: "tests.rewards:anything"})
-    with pytest.raises(SpecError, match="set rollout.reward_model.reward_key instead"):
-        spec(reward_model={"url": "http://127.0.0.1:9/"}, reward_key="score")
+@pytest.mark.parametrize(
+    ("field", "named"),
+    [
+        ({"reward_function": "tests.rewards:anything"}, "with rollout.reward_function"),
+        ({"group_reward_function": "tests.rewards:anything"}, "with rollout.group_reward_function"),
+        ({"reward_key": "score"}, "with rollout.reward_key: set rollout.reward_model.reward_key instead"),
+    ],
+)
+def test_the_spec_refuses_a_reward_function_beside_a_reward_model(field, named):
+    with pytest.raises(SpecError, match=f"rollout.reward_model cannot be combined {named}"):
+        spec(reward_model={"url": "http://127.0.0.1:9/"}, **field)
