@@ -34,8 +34,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from checkpoints.inflight_log import SampleKey
 from elastic_rl.engines.access import EngineAccess
 from elastic_rl.engines.streaming import Received
@@ -44,6 +42,7 @@ from elastic_rl.plugins import load_function
 from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
 from elastic_rl.rollout.inflight import InFlight
+from elastic_rl.rollout.made_samples import check_made
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.spec.rollout import RolloutSpec
 from policies.dynamic_sampling import ConsecutiveFailures
@@ -324,7 +323,7 @@ class GroupGenerator:
             error = f"prompt {prompt.index}: the generate function failed: {type(exc).__name__}: {exc}"
             return Sample([], [], session.segments, SampleStatus.COMPLETED, error=error)
         try:
-            status = checked_generated(made, params["max_new_tokens"], session.segments)
+            status = checked_generated(made, params["max_new_tokens"], len(self.tokenizer), session.segments)
         except ValueError as exc:  # bad data as well
             error = f"prompt {prompt.index}: the generate function's answer is unusable: {exc}"
             return Sample([], [], session.segments, SampleStatus.COMPLETED, error=error)
@@ -402,29 +401,12 @@ class Serving:
     seconds the loads took."""
 
 
-def checked_generated(made: Any, max_new_tokens: int, segments: list[Segment]) -> SampleStatus:
-    """A generate function's answer, checked against the request's ``max_new_tokens`` and the engine
-    calls it made (``segments``): its status, or a ValueError saying what is wrong."""
+def checked_generated(made: Any, max_new_tokens: int, vocab_size: int, segments: list[Segment]) -> SampleStatus:
+    """A generate function's answer, checked against the request's ``max_new_tokens``, the vocabulary and the
+    engine calls it made (``segments``): its status, or a ValueError saying what is wrong."""
     if not isinstance(made, Generated):
         raise ValueError(f"returned {type(made).__name__}, not elastic_rl.rollout.generation.Generated")
-    lengths = {len(made.output_ids), len(made.loss_mask), len(made.logprobs)}
-    if len(lengths) != 1:
-        raise ValueError(
-            f"output_ids, loss_mask and logprobs differ in length ({len(made.output_ids)}, "
-            f"{len(made.loss_mask)}, {len(made.logprobs)})"
-        )
-    if len(made.output_ids) > max_new_tokens:
-        raise ValueError(f"{len(made.output_ids)} tokens after the prompt, over max_new_tokens ({max_new_tokens})")
+    check_made(made.output_ids, made.loss_mask, made.logprobs, made.status, made.metadata, max_new_tokens, vocab_size)
     if not segments:
         raise ValueError("it never called the engine (EngineSession.generate): no weight version made the sample")
-    if not set(made.loss_mask) <= {0, 1}:
-        raise ValueError("loss_mask holds values other than 0 and 1")
-    if made.status not in ("completed", "truncated"):
-        raise ValueError(f"status {made.status!r}: use completed or truncated")
-    if not isinstance(made.metadata, dict):
-        raise ValueError(f"metadata is a {type(made.metadata).__name__}, not a dict")
-    try:  # committed in the rollout's meta.json, written as here
-        orjson.dumps(made.metadata, option=orjson.OPT_SORT_KEYS)
-    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
-        raise ValueError(f"metadata is not JSON-serialisable: {exc}") from None
     return SampleStatus(made.status)

@@ -35,13 +35,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import orjson
 
 from elastic_rl.errors import GaveUp
 from elastic_rl.plugins import load_function
@@ -49,6 +46,7 @@ from elastic_rl.retry import with_retries
 from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.generation import EngineSession, derived_seed
 from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
+from elastic_rl.rollout.made_samples import check_made
 from elastic_rl.rollout.sampler import Drawn, Filled, GroupSampler
 from elastic_rl.rollout.scoring import Scored
 from elastic_rl.spec.job import JobSpec
@@ -164,35 +162,13 @@ def checked_samples(
 
 
 def _check_sample(where: str, sample: RolloutSample, max_new_tokens: int, vocab_size: int) -> None:
-    for name in ("output_ids", "loss_mask", "logprobs"):
-        if not isinstance(getattr(sample, name), (list, tuple)):
-            raise MalformedReturn(f"{where}: {name} is a {type(getattr(sample, name)).__name__}, not a list")
-    lengths = (len(sample.output_ids), len(sample.loss_mask), len(sample.logprobs))
-    if len(set(lengths)) != 1:
-        raise MalformedReturn(f"{where}: output_ids, loss_mask and logprobs differ in length {lengths}")
-    if lengths[0] > max_new_tokens:
-        raise MalformedReturn(f"{where}: output_ids holds {lengths[0]} tokens, over max_new_tokens ({max_new_tokens})")
-    for at, token in enumerate(sample.output_ids):
-        if type(token) is not int or not 0 <= token < vocab_size:
-            raise MalformedReturn(
-                f"{where}: output_ids[{at}] is {token!r} ({type(token).__name__}), not a token id: an int from 0 "
-                f"to {vocab_size - 1}"
-            )
-    if not all(type(bit) is int and bit in (0, 1) for bit in sample.loss_mask):
-        raise MalformedReturn(f"{where}: loss_mask holds values other than the ints 0 and 1")
-    for at, logprob in enumerate(sample.logprobs):
-        if not isinstance(logprob, (int, float)) or not math.isfinite(logprob) or logprob > 0:
-            raise MalformedReturn(f"{where}: logprobs[{at}] is {logprob!r}, not a log probability (finite, <= 0)")
-    if sample.status not in ("completed", "truncated"):
-        raise MalformedReturn(f"{where}: status is {sample.status!r}: use completed or truncated")
+    try:
+        fields = (sample.output_ids, sample.loss_mask, sample.logprobs, sample.status, sample.metadata)
+        check_made(*fields, max_new_tokens, vocab_size)
+    except ValueError as exc:
+        raise MalformedReturn(f"{where}: {exc}") from None
     if sample.error is not None and not isinstance(sample.error, str):
         raise MalformedReturn(f"{where}: error is a {type(sample.error).__name__}, not a string")
-    if not isinstance(sample.metadata, dict):
-        raise MalformedReturn(f"{where}: metadata is a {type(sample.metadata).__name__}, not a dict")
-    try:  # committed in the rollout's meta.json, written as here
-        orjson.dumps(sample.metadata, option=orjson.OPT_SORT_KEYS)
-    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
-        raise MalformedReturn(f"{where}: metadata is not JSON-serialisable: {exc}") from None
 
 
 def _check_version(where: str, version: Any, versions: range, answered: set[int]) -> None:
