@@ -20,15 +20,18 @@ def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.float().view(-1, group_size)
 
 
-def grpo_advantages(rewards: torch.Tensor, group_size: int, normalize_by_std: bool = True) -> torch.Tensor:
-    """Per-sample advantages. ``rewards``: [num_groups * group_size], groups contiguous.
+def grpo_advantages(
+    rewards: torch.Tensor, group_size: int, normalize_by_std: bool = True, std_epsilon: float = EPSILON
+) -> torch.Tensor:
+    """Per-sample advantages. ``rewards``: [num_groups * group_size], groups contiguous; ``std_epsilon`` is
+    added to each group's (unbiased) standard deviation before dividing by it.
 
     A group whose rewards are all equal carries no signal: its advantages are 0.
     """
     grouped = _groups(rewards, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_by_std and group_size > 1:
-        centred = centred / (grouped.std(dim=1, keepdim=True) + EPSILON)
+        centred = centred / (grouped.std(dim=1, keepdim=True) + std_epsilon)
     return centred.reshape(-1)
 
 
@@ -61,6 +64,7 @@ def token_advantages(
     normalize_by_std: bool = True,
     token_kl: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    std_epsilon: float = EPSILON,
 ) -> torch.Tensor:
     """[batch, tokens] advantages of the response tokens (0 elsewhere).
 
@@ -71,7 +75,7 @@ def token_advantages(
     kl = torch.zeros_like(mask) if token_kl is None else token_kl * mask
     if estimator in (AdvantageEstimator.GRPO, AdvantageEstimator.GSPO):
         penalised = rewards.float() - kl_coef * kl.sum(dim=1)
-        return grpo_advantages(penalised, group_size, normalize_by_std).unsqueeze(1) * mask
+        return grpo_advantages(penalised, group_size, normalize_by_std, std_epsilon).unsqueeze(1) * mask
     if estimator is AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE:
         rewards = group_baseline(rewards, group_size)
     return whiten(returns_to_go(rewards, -kl_coef * kl, mask), mask)

@@ -80,16 +80,23 @@ def policy_token_loss(
 
 
 def aggregate(
-    values: torch.Tensor, mask: torch.Tensor, how: LossAggregation, global_tokens: int, global_samples: int
+    values: torch.Tensor, mask: torch.Tensor, how: LossAggregation, tokens: float, global_samples: int
 ) -> torch.Tensor:
-    """This shard's share of the global batch's loss, for per-token ``values`` [batch, tokens]."""
+    """This shard's share of the global batch's loss, for per-token ``values`` [batch, tokens]. ``tokens``: what
+    a token mean divides by (``loss_tokens``)."""
     masked = values * mask
-    if how is LossAggregation.TOKEN_MEAN:
-        return masked.sum() / global_tokens
+    if how in (LossAggregation.TOKEN_MEAN, LossAggregation.ROLLOUT_TOKEN_MEAN):
+        return masked.sum() / tokens
     per_sequence = masked.sum(dim=1)
     if how is LossAggregation.SEQ_MEAN_TOKEN_MEAN:
         per_sequence = per_sequence / mask.sum(dim=1).clamp(min=1)
     return per_sequence.sum() / global_samples
+
+
+def loss_tokens(how: LossAggregation, step_tokens: int, rollout_tokens: int, steps: int) -> float:
+    """What a token-mean loss divides by: the step's global batch's response tokens, or for
+    ``rollout_token_mean`` the rollout's mean per step (so every token of the rollout weighs the same)."""
+    return rollout_tokens / steps if how is LossAggregation.ROLLOUT_TOKEN_MEAN else step_tokens
 
 
 def reduce_global(values: torch.Tensor, mask: torch.Tensor, global_tokens: int) -> torch.Tensor:

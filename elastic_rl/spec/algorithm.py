@@ -38,6 +38,9 @@ class LossAggregation(str, Enum):
     """Each sequence's token mean, averaged over the global batch's sequences."""
     SEQ_MEAN_TOKEN_SUM = "seq_mean_token_sum"
     """Each sequence's token sum, averaged over the global batch's sequences."""
+    ROLLOUT_TOKEN_MEAN = "rollout_token_mean"
+    """The step's token sum over the rollout's mean tokens per step (its response tokens over its steps):
+    every token of the rollout weighs the same, whichever step trains it (TRL's default, `dapo`)."""
 
 
 class AlgorithmSpec(Component):
@@ -54,7 +57,8 @@ class AlgorithmSpec(Component):
     `reinforce_plus_plus_baseline` (the same on rewards minus their group's mean)."""
     loss_aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
     """How per-token losses become the step's loss: `token_mean` over the global batch's tokens,
-    or `seq_mean_token_mean` / `seq_mean_token_sum` over its sequences."""
+    `seq_mean_token_mean` / `seq_mean_token_sum` over its sequences, or `rollout_token_mean` over the
+    rollout's mean tokens per step."""
     tis_cap: PositiveFloat | None = None
     """Truncated importance sampling: weight each token's policy loss by the trainer's over the
     engine's probability of it, capped at this; unset turns TIS off."""
@@ -73,6 +77,8 @@ class AlgorithmSpec(Component):
     """Weight of the entropy bonus (entropy is always logged)."""
     normalize_advantages_by_std: bool = True
     """Divide group-centred rewards by the group's standard deviation."""
+    advantage_std_epsilon: PositiveFloat = 1e-6
+    """Added to a group's standard deviation before dividing by it (slime's 1e-6; TRL's is 1e-4)."""
     reference: str = "initial"
     """The KL reference policy: `initial` (the policy's starting weights) or the path of an HF
     checkpoint of the same architecture."""

@@ -24,7 +24,7 @@ import torch
 from checkpoints.rollout_log import RolloutBatch
 from elastic_rl.algo.advantages import token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
-from elastic_rl.algo.losses import aggregate, ppo_kl, reduce_global
+from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
 from elastic_rl.model.sequence_log_probs import sequence_log_probs
 from elastic_rl.spec.algorithm import AlgorithmKind
@@ -181,6 +181,7 @@ class GrpoTrainer:
             algorithm.normalize_advantages_by_std,
             token_kl,
             algorithm.kl_coef,
+            algorithm.advantage_std_epsilon,
         )
         return RolloutContext(rollout_id, batch, mask, advantages, old_logp, ref_logp, gap, ref_gap)
 
@@ -190,6 +191,9 @@ class GrpoTrainer:
         """Forward (and backward) over ``rows``; returns the metric sums in METRIC_NAMES order."""
         spec = self.spec
         sums = torch.zeros(len(METRIC_NAMES))
+        how = spec.algorithm.loss_aggregation
+        steps = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
+        normaliser = loss_tokens(how, global_tokens, int(ctx.mask.sum().item()), steps)
         for mb, width in self._micro_batches(ctx.batch, rows):
             cut = (mb, slice(0, width))
             m = ctx.mask[cut]
@@ -205,7 +209,7 @@ class GrpoTrainer:
                 ctx.token_advantages[cut],
                 m,
             )
-            loss = aggregate(terms.loss, m, spec.algorithm.loss_aggregation, global_tokens, global_samples)
+            loss = aggregate(terms.loss, m, how, normaliser, global_samples)
             if backward:
                 loss.backward()
             tis = terms.tis_weight

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from elastic_rl.algo.advantages import returns_to_go, token_advantages, whiten
-from elastic_rl.algo.losses import aggregate, gspo_clipped_loss, policy_token_loss, sequence_ratio, tis_weights
+from elastic_rl.algo.losses import (
+    aggregate,
+    gspo_clipped_loss,
+    loss_tokens,
+    policy_token_loss,
+    sequence_ratio,
+    tis_weights,
+)
 from elastic_rl.algo.objective import token_losses
 from elastic_rl.spec.algorithm import AdvantageEstimator, AlgorithmSpec, LossAggregation
 
@@ -127,9 +134,17 @@ def test_sft_loss_is_the_negative_log_likelihood_whatever_the_rl_inputs():
 def test_the_three_aggregations():
     values = torch.tensor([[1.0, 2.0, 7.0], [3.0, 7.0, 7.0]])
     # token mean: (1 + 2 + 3) / 3; sequence means of token means: (1.5 + 3) / 2; of token sums: (3 + 3) / 2.
-    assert aggregate(values, MASK, LossAggregation.TOKEN_MEAN, global_tokens=3, global_samples=2).item() == 2.0
+    assert aggregate(values, MASK, LossAggregation.TOKEN_MEAN, tokens=3, global_samples=2).item() == 2.0
     assert aggregate(values, MASK, LossAggregation.SEQ_MEAN_TOKEN_MEAN, 3, 2).item() == 2.25
     assert aggregate(values, MASK, LossAggregation.SEQ_MEAN_TOKEN_SUM, 3, 2).item() == 3.0
+
+
+def test_rollout_token_mean_divides_by_the_rollouts_tokens_per_step():
+    # A rollout of 19 response tokens in 2 steps: a step of 9 tokens divides by 9.5, not by its own 9.
+    assert loss_tokens(LossAggregation.ROLLOUT_TOKEN_MEAN, 9, 19, 2) == 9.5
+    assert loss_tokens(LossAggregation.TOKEN_MEAN, 9, 19, 2) == 9
+    values = torch.tensor([[1.0, 2.0, 7.0], [3.0, 7.0, 7.0]])
+    assert aggregate(values, MASK, LossAggregation.ROLLOUT_TOKEN_MEAN, 4.0, 2).item() == 1.5
 
 
 @pytest.mark.parametrize("how", list(LossAggregation))
