@@ -132,6 +132,8 @@ class Orchestrator:
         self.commit_times: dict[int, float] = {}
         self.direct_requests_before = 0
         """The direct client's request count when the rollout in hand began."""
+        self.last_recorded: float | None = None
+        """When this orchestrator last appended a metrics line (time.time())."""
 
     # --- weights --------------------------------------------------------------
 
@@ -280,6 +282,10 @@ class Orchestrator:
         line = {"rollout": rollout_id, "time": time.time(), **meta["metrics"], **trained}
         if rollout_id in self.commit_times:
             line["rollout/commit_time"] = self.commit_times.pop(rollout_id)
+        if self.last_recorded is not None:
+            # The whole iteration, start to trained: what the parts above add up to.
+            line["perf/iteration_time"] = line["time"] - self.last_recorded
+        self.last_recorded = line["time"]
         if self.assignment is not None:
             # The metrics log is the job's record too: an orchestrator whose place another has taken (its node's
             # lease ran out, say) appends nothing, or both would record the rollout.
@@ -308,15 +314,23 @@ class Orchestrator:
             "pid": os.getpid(),
         }
 
-    async def generate_rollout(self, rollout_id: int, load_time: float) -> tuple[RolloutBatch, dict[str, Any]]:
+    async def generate_rollout(
+        self, rollout_id: int, weights_wait: float, load_time: float
+    ) -> tuple[RolloutBatch, dict[str, Any]]:
         """Eval when due, then the rollout's batch and its meta."""
+        eval_started = time.monotonic()
         evaluated = await self.evaluator.run(rollout_id) if self.evaluator.due(rollout_id) else {}
+        eval_time = time.monotonic() - eval_started
         async with self.persisting_inflight():
             batch, filled = await self.fill(rollout_id)
         metrics = {**filled.metrics, **evaluated}
         metrics["rollout/weight_version"] = float(self.engine_version)
         metrics["rollout/skipped_prompts"] = float(len(filled.skipped))
+        # Where the rollout's time went before its generation (rollout/time) and commit (rollout/commit_time):
+        # waiting for the trainers' weights (in sync mode: their training), loading them, eval.
+        metrics["rollout/wait_weights_time"] = weights_wait
         metrics["rollout/weights_load_time"] = load_time
+        metrics["rollout/eval_time"] = eval_time
         # Requests sent straight to the engines while the router was down (engines.access).
         metrics["rollout/direct_requests"] = float(self.engines.direct_requests - self.direct_requests_before)
         meta = {
@@ -372,7 +386,9 @@ class Orchestrator:
                 self.sampler.scorer.count_from_zero()
                 self.direct_requests_before = self.engines.direct_requests
                 version = 0 if debug.rollout_only else spec.generating_version(rollout_id)
+                waited = time.monotonic()
                 await self.wait_for_weights(version)  # the trainers' time: not bounded as a load is
+                weights_wait = time.monotonic() - waited
                 load_time = await generator.serve(Serving(version, lambda version=version: self.serve_version(version)))
                 log.info("rollout %d: generating with weights %d", rollout_id, version)
             # In async mode this records the rollouts trained while this one waited for its weights.
@@ -382,7 +398,7 @@ class Orchestrator:
             if self.replaying:
                 batch, meta = read_rollout(debug.train_only, rollout_id)  # replayed as it was generated
             else:
-                batch, meta = await self.generate_rollout(rollout_id, load_time)
+                batch, meta = await self.generate_rollout(rollout_id, weights_wait, load_time)
             meta["writer"] = self.writer()
             # The trainers ask this lighthouse for the rollout's quorums (it moves when the services do).
             meta["lighthouse"] = os.environ.get(jobenv.LIGHTHOUSE_URL)

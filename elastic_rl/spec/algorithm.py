@@ -79,9 +79,24 @@ class AlgorithmSpec(Component):
     """Divide group-centred rewards by the group's standard deviation."""
     advantage_std_epsilon: PositiveFloat = 1e-6
     """Added to a group's standard deviation before dividing by it (slime's 1e-6; TRL's is 1e-4)."""
+    use_rollout_logprobs: bool = False
+    """Take the engines' log probs as the old policy's (slime's --use-rollout-logprobs), instead of the
+    trainers' own pass over the rollout before its first step: that pass is saved (a forward over every
+    sample). Where the engines compute as the trainer does (fp32 on CPU slots, sync mode) the two agree
+    to float rounding; elsewhere the old policy becomes the one that sampled. Not with tis_cap, whose
+    weight would always be 1."""
     reference: str = "initial"
     """The KL reference policy: `initial` (the policy's starting weights) or the path of an HF
     checkpoint of the same architecture."""
+
+    @model_validator(mode="after")
+    def _tis_needs_the_trainers_old_policy(self) -> AlgorithmSpec:
+        if self.use_rollout_logprobs and self.tis_cap is not None:
+            raise ValueError(
+                "tis_cap weighs the trainer's old policy against the engine's, which use_rollout_logprobs makes the "
+                "same: drop one"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sft_has_no_reference(self) -> AlgorithmSpec:

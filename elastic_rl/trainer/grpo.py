@@ -84,6 +84,8 @@ class RolloutContext:
     """Largest |reference - policy| log prob over the response tokens; 0 on rollout 0."""
     metrics: StepMetrics = field(default_factory=StepMetrics)
     started: float = field(default_factory=time.monotonic)
+    prepare_time: float = 0.0
+    """Seconds the rollout's old-policy and reference passes took (none for SFT, or a context healed from a peer)."""
 
     def heal_state(self) -> dict[str, Any]:
         return {
@@ -148,6 +150,7 @@ class GrpoTrainer:
     def prepare(self, rollout_id: int, batch: RolloutBatch, healed: dict[str, Any] | None = None) -> RolloutContext:
         """The rollout's shared state on the model's device, from the current weights, or from a peer
         mid-rollout."""
+        started = time.monotonic()
         batch = batch.to(self.device)
         mask = batch.loss_mask
         if self.spec.algorithm.kind is AlgorithmKind.SFT:
@@ -158,6 +161,7 @@ class GrpoTrainer:
             context = self._policy_gradient_context(rollout_id, batch, mask, healed)
         if healed is not None:
             context.metrics.values = {name: list(values) for name, values in healed["metrics"].items()}
+        context.prepare_time = time.monotonic() - started
         return context
 
     def _policy_gradient_context(
@@ -167,6 +171,10 @@ class GrpoTrainer:
         ref_logp = self._log_probs(self.reference, batch) if self.reference is not None else None
         if healed is not None:
             old_logp, gap = healed["old_logp"], healed["logprob_gap"]
+        elif algorithm.use_rollout_logprobs:
+            # No pass of its own: the trainer's log probs are first computed by the rollout's first step,
+            # which measures the gap to the engine's on its samples (in _shard_loss).
+            old_logp, gap = batch.engine_logprobs, None
         else:
             old_logp = self._log_probs(self.model, batch)
             gap = ((old_logp - batch.engine_logprobs).abs() * mask).max().item()
@@ -186,9 +194,17 @@ class GrpoTrainer:
         return RolloutContext(rollout_id, batch, mask, advantages, old_logp, ref_logp, gap, ref_gap)
 
     def _shard_loss(
-        self, ctx: RolloutContext, rows: torch.Tensor, global_tokens: int, global_samples: int, backward: bool
+        self,
+        ctx: RolloutContext,
+        rows: torch.Tensor,
+        global_tokens: int,
+        global_samples: int,
+        backward: bool,
+        measure_gap: bool = False,
     ) -> torch.Tensor:
-        """Forward (and backward) over ``rows``; returns the metric sums in METRIC_NAMES order."""
+        """Forward (and backward) over ``rows``; returns the metric sums in METRIC_NAMES order. ``measure_gap``:
+        the rollout's first step with algorithm.use_rollout_logprobs, whose forward is the first on the rollout's
+        weights: it records the trainer's gap to the engine's log probs (on the step's samples)."""
         spec = self.spec
         sums = torch.zeros(len(METRIC_NAMES))
         how = spec.algorithm.loss_aggregation
@@ -198,6 +214,9 @@ class GrpoTrainer:
             cut = (mb, slice(0, width))
             m = ctx.mask[cut]
             logp, ent = sequence_log_probs(self.model, ctx.batch.tokens[cut], spec.rollout.temperature)
+            if measure_gap:
+                gap = ((logp.detach() - ctx.batch.engine_logprobs[cut]).abs() * m).max().item()
+                ctx.logprob_gap = max(gap, ctx.logprob_gap or 0.0)
             ref_logp = None if ctx.ref_logp is None else ctx.ref_logp[cut]
             terms = token_losses(
                 spec.algorithm,
@@ -242,7 +261,8 @@ class GrpoTrainer:
         global_tokens = int(ctx.mask[rows].sum().item())
 
         self.optimizer.zero_grad(set_to_none=False)
-        sums = self._shard_loss(ctx, shards[rank], global_tokens, global_batch, backward=True)
+        measure_gap = spec.algorithm.use_rollout_logprobs and index == 0
+        sums = self._shard_loss(ctx, shards[rank], global_tokens, global_batch, backward=True, measure_gap=measure_gap)
         local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
 
         # One all-reduce: gradients, metric sums, and per replica slot its verdict and its shard.
@@ -339,4 +359,5 @@ class GrpoTrainer:
         result["train/snapshot_gate_time"] = sum(ctx.metrics.values.get("snapshot_gate_time", []))
         result["train/lr"] = self.scheduler.get_last_lr()[0]
         result["train/rollout_train_time"] = time.monotonic() - ctx.started
+        result["train/prepare_time"] = ctx.prepare_time
         return result

@@ -151,6 +151,7 @@ class TrainerReplica:
         self.participants = 0
         self.trained_any = False
         self.leaving = False  # asked to leave a draining node: after the rollout in hand
+        self.rollout_wait_s = 0.0  # how long the rollout in hand took to be committed after it was wanted
         self.lighthouse = os.environ[jobenv.LIGHTHOUSE_URL]
         # A resume's costs (report_caught_up): set as the replica joins and loads its snapshot.
         self.setup_s = 0.0
@@ -360,11 +361,13 @@ class TrainerReplica:
     def wait_for_rollout(self, rollout_id: int) -> bool:
         """Wait until rollout ``rollout_id`` is committed; False if a stop came first."""
         folder = layout.rollout_dir(self.workdir, rollout_id)
+        started = time.monotonic()
         while not folder.is_dir():
             if self.stop_request.requested:
                 return False
             self.publisher.take_over_if_missing()
             time.sleep(POLL_INTERVAL_S)
+        self.rollout_wait_s = time.monotonic() - started
         return True
 
     def skip_quarantined(self, rollout_id: int, position: int) -> None:
@@ -454,6 +457,8 @@ class TrainerReplica:
     def publish(self, rollout_id: int) -> None:
         """After a rollout's last step: snapshot when due, then the weights and metrics for the engines."""
         metrics = self.trainer.rollout_metrics(self.context)
+        # The orchestrator's time, as the trainers saw it (in sync mode: the weights' load and the generation).
+        metrics["train/wait_rollout_time"] = self.rollout_wait_s
         # Nothing is committed by a replica whose assignment a newer instance holds.
         self.leaving = self.assignment.exit_if_superseded_blocking()
         # Replica leader snapshots for the job; the others hold the same state.

@@ -34,7 +34,12 @@ SHORT_JOB = [
 # The other advantage estimators, as jobs beside it on the same erld: GSPO with per-sequence loss
 # aggregation, and REINFORCE++ with TIS and its KL in the reward.
 OTHER_ESTIMATORS = {
-    "tiny-gspo": ["algorithm.advantage_estimator=gspo", "algorithm.loss_aggregation=seq_mean_token_mean"],
+    # GSPO also takes the engines' log probs as the old policy's: no old-policy pass of the trainer's own.
+    "tiny-gspo": [
+        "algorithm.advantage_estimator=gspo",
+        "algorithm.loss_aggregation=seq_mean_token_mean",
+        "algorithm.use_rollout_logprobs=true",
+    ],
     "tiny-reinforce": [
         "algorithm.advantage_estimator=reinforce_plus_plus",
         "algorithm.tis_cap=2.0",
@@ -70,6 +75,9 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
         )
         rewards = [line["rollout/reward_mean"] for line in metrics(tmp_path / name)]
         assert len(rewards) == 30 and mean(rewards[-5:]) >= mean(rewards[:5]) + 0.5, (name, rewards)
+    # Without its own pass the trainer measures its gap to the engine on each rollout's first step: on CPU
+    # slots both compute in fp32, so the engines' log probs stand for the trainer's.
+    assert metrics(tmp_path / "tiny-gspo")[0]["train/logprob_abs_diff_max"] <= 1e-5
 
     lines = metrics(workdir)
     assert [line["rollout"] for line in lines] == list(range(30))
@@ -93,6 +101,19 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
         "train/kl",
     ):
         assert key in lines[0]
+    # Where each iteration's time went, from both sides (README: the accounting of metrics.jsonl).
+    accounting = (
+        "perf/iteration_time",
+        "rollout/wait_weights_time",
+        "rollout/weights_load_time",
+        "rollout/eval_time",
+        "rollout/commit_time",
+        "train/wait_rollout_time",
+        "train/prepare_time",
+        "train/rollout_train_time",
+        "train/export_time",
+    )
+    assert all(line[key] >= 0.0 for line in lines[1:] for key in accounting), lines[1]
 
     final = status(daemon, "tiny-grpo")
     assert final["status"]["phase"] == "succeeded"

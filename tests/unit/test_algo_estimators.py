@@ -210,3 +210,8 @@ def test_kl_is_a_loss_term_unless_it_is_in_the_reward():
     assert as_loss.loss.item() == pytest.approx(0.2 * 0.5)
     assert in_reward.loss.item() == 0.0
     assert in_reward.kl.item() == pytest.approx(0.5)
+
+
+def test_the_engines_log_probs_as_the_old_policy_refuse_tis():
+    with pytest.raises(ValueError, match="use_rollout_logprobs makes the same: drop one"):
+        AlgorithmSpec(use_rollout_logprobs=True, tis_cap=2.0)

@@ -71,7 +71,7 @@ def orchestrator(job, workdir) -> Orchestrator:
 def commit(made: Orchestrator, workdir, rollout_id: int) -> dict:
     """Generate a rollout in sync mode, as if the engines had loaded its weights, and commit it."""
     made.engine_version = made.sampler.generator.router.version = rollout_id
-    batch, meta = asyncio.run(made.generate_rollout(rollout_id, load_time=0.0))
+    batch, meta = asyncio.run(made.generate_rollout(rollout_id, weights_wait=0.0, load_time=0.0))
     write_rollout(workdir, rollout_id, batch, meta)
     return meta
 
