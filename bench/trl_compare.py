@@ -3,6 +3,7 @@
     .venv/bin/pip install -e '.[bench]'        # TRL, pinned (never a runtime dependency)
     .venv/bin/python bench/trl_compare.py      # seeds 1234, 7 and 42; 10 iterations each
     .venv/bin/python bench/trl_compare.py --seeds 1234 --iterations 3     # a quick look
+    .venv/bin/python bench/trl_compare.py --erl-set algorithm.use_rollout_logprobs=true
 
 The job is examples/smollm2-math.yaml: the imported SmolLM2-135M-Instruct, the
 project's arithmetic prompts through the chat template and its `math` reward,
@@ -143,8 +144,9 @@ def run_trl(seed: int, iterations: int, root: Path) -> dict:
 # --- elastic-rl, through erl ----------------------------------------------------------------------------
 
 
-def run_elastic(seed: int, iterations: int, root: Path) -> dict:
+def run_elastic(seed: int, iterations: int, root: Path, overrides: list[str]) -> dict:
     workdir = root / f"erl-{seed}"
+    sets = [arg for override in overrides for arg in ("--set", override)]
     with running_daemon(root / f"erld-{seed}", cpu_devices=4) as endpoint:
         launched = time.time()
         erl(
@@ -154,6 +156,7 @@ def run_elastic(seed: int, iterations: int, root: Path) -> dict:
             f"seed={seed}",
             "--set",
             f"rollout.num_rollouts={iterations}",
+            *sets,
             "--workdir",
             str(workdir),
             "--etcd",
@@ -244,6 +247,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1234, 7, 42])
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temporary one)")
+    parser.add_argument(
+        "--erl-set", action="append", default=[], metavar="KEY=VALUE", help="a spec override for elastic-rl's runs"
+    )
     parser.add_argument("--trl-run", type=int, help=argparse.SUPPRESS)  # the TRL interpreter's seed
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -257,7 +263,7 @@ def main() -> None:
         runs = []
         for seed in args.seeds:
             runs.append(run_trl(seed, args.iterations, root))
-            runs.append(run_elastic(seed, args.iterations, root))
+            runs.append(run_elastic(seed, args.iterations, root, args.erl_set))
             (root / "runs.json").write_text(json.dumps(runs))
         report(runs)
 

@@ -85,7 +85,8 @@ class RolloutContext:
     metrics: StepMetrics = field(default_factory=StepMetrics)
     started: float = field(default_factory=time.monotonic)
     prepare_time: float = 0.0
-    """Seconds the rollout's old-policy and reference passes took (none for SFT, or a context healed from a peer)."""
+    """Seconds ``prepare`` took: the rollout's old-policy and reference passes (for SFT, or with
+    algorithm.use_rollout_logprobs and no reference, little more than the batch's move to the device)."""
 
     def heal_state(self) -> dict[str, Any]:
         return {
