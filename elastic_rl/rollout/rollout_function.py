@@ -44,7 +44,7 @@ from elastic_rl.errors import GaveUp
 from elastic_rl.plugins import load_function
 from elastic_rl.retry import with_retries
 from elastic_rl.rollout.data import Prompt
-from elastic_rl.rollout.generation import EngineSession, derived_seed
+from elastic_rl.rollout.generation import EngineSession
 from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
 from elastic_rl.rollout.made_samples import check_made
 from elastic_rl.rollout.sampler import Drawn, Filled, GroupSampler
@@ -80,19 +80,17 @@ class RolloutInput:
     max_new_tokens: int
     """Most tokens after a prompt, a tool's included."""
     tokenizer: Any
-    _sampling: dict[str, Any] = field(repr=False, default_factory=dict)
-    _seed_parts: tuple | None = field(repr=False, default=None)
+    _params: Callable[[tuple], dict[str, Any]] | None = field(repr=False, default=None)
+    """The generator's ``sampling_params``: the rollout's settings, and a seed from the job's and the parts."""
+    _seed_parts: tuple = field(repr=False, default=())
 
     def sampling_params(self, prompt: int, sample: int, turn: int = 0) -> dict[str, Any]:
         """The rollout's sampling parameters (SGLang's names) for one engine call: the ``turn``-th call for
         sample ``sample`` of prompt number ``prompt``. With rollout.deterministic it holds a sampling_seed
         drawn from the job's seed and these three, so a rollout made again draws the same tokens.
         Lower its max_new_tokens to what the sample has left."""
-        params = dict(self._sampling)
-        if self._seed_parts is not None:
-            where = self.prompts[prompt].prompt
-            params["sampling_seed"] = derived_seed(*self._seed_parts, where.epoch, where.index, sample, turn)
-        return params
+        where = self.prompts[prompt].prompt
+        return self._params((*self._seed_parts, where.epoch, where.index, sample, turn))
 
 
 @dataclass
@@ -281,17 +279,14 @@ class RolloutFunction:
     def _input(self, rollout_id: int, round_index: int, prompts: list[Drawn]) -> RolloutInput:
         spec = self.spec.rollout
         generator = self.sampler.generator
-        seed_parts = (self.spec.seed, rollout_id, "rollout_function", round_index) if spec.deterministic else None
-        sampling = generator.sampling_params(())
-        sampling.pop("sampling_seed", None)
         return RolloutInput(
             rollout_id,
             [RolloutPrompt(number, prompt, list(ids)) for number, (prompt, ids, _) in enumerate(prompts)],
             spec.n_samples_per_prompt,
             spec.max_new_tokens,
             generator.tokenizer,
-            sampling,
-            seed_parts,
+            generator.sampling_params,
+            (rollout_id, "rollout_function", round_index),
         )
 
     def _group(self, rollout_prompt: RolloutPrompt, samples: list[RolloutSample]) -> tuple[Group, list[Scored] | None]:
