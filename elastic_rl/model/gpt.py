@@ -183,9 +183,9 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def forward_gpt(model: GPTModel, tokens: torch.Tensor) -> torch.Tensor:
-    """This rank's logits ``[batch, seq, vocab/tp]``, on the model's device (``tokens`` go there),
-    in bf16 when the model autocasts.
+def forward_gpt(model: GPTModel, tokens: torch.Tensor, first_logit: int = 0) -> torch.Tensor:
+    """This rank's logits ``[batch, seq - first_logit, vocab/tp]`` of the positions from
+    ``first_logit`` on, on the model's device (``tokens`` go there), in bf16 when the model autocasts.
 
     The causal mask is passed explicitly (True = hidden) because megatron's default
     mask is built on the GPU. Sequences are right-padded, so a causal mask alone
@@ -201,5 +201,21 @@ def forward_gpt(model: GPTModel, tokens: torch.Tensor) -> torch.Tensor:
         if config.enable_autocast
         else contextlib.nullcontext()
     )
-    with autocast:
+    with autocast, _decoder_output_from(model, first_logit):
         return model(tokens, positions, attention_mask=mask[None, None])
+
+
+@contextlib.contextmanager
+def _decoder_output_from(model: GPTModel, position: int):
+    """Within the block, the decoder's output (``[seq, batch, hidden]``) starts at ``position``, so
+    the output layer (a third of a small model's step, its vocabulary being large) computes no
+    logits that are not wanted. megatron's GPTModel has no option for this (transformers calls it
+    ``logits_to_keep``); a forward hook on the decoder cuts its output instead."""
+    if position == 0:
+        yield
+        return
+    handle = model.decoder.register_forward_hook(lambda _module, _inputs, hidden: hidden[position:])
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -35,22 +35,40 @@ def _normaliser(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return shifted, sum_exp.log()
 
 
+def _picked(shifted: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The shifted logit of each target, from whichever rank holds it."""
+    start, end = _shard_bounds(shifted)
+    local = (targets >= start) & (targets < end)
+    index = (targets - start).clamp(0, end - start - 1).unsqueeze(-1)
+    return reduce_from_tensor_model_parallel_region(shifted.gather(-1, index).squeeze(-1) * local)
+
+
+def _entropy(shifted: torch.Tensor, log_z: torch.Tensor) -> torch.Tensor:
+    probs = (shifted - log_z.unsqueeze(-1)).exp()
+    return log_z - reduce_from_tensor_model_parallel_region((probs * shifted).sum(dim=-1))
+
+
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target) for each position. ``logits``: [..., vocab/tp]; ``targets``: [...]."""
     shifted, log_z = _normaliser(logits.float())
-    start, end = _shard_bounds(logits)
-    local = (targets >= start) & (targets < end)
-    index = (targets - start).clamp(0, end - start - 1).unsqueeze(-1)
-    picked = shifted.gather(-1, index).squeeze(-1) * local
-    return reduce_from_tensor_model_parallel_region(picked) - log_z
+    return _picked(shifted, targets) - log_z
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the full-vocabulary distribution at each position."""
+    return _entropy(*_normaliser(logits.float()))
+
+
+def log_probs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_log_probs`` and ``entropy`` from one normalisation of the logits. Without
+    ``entropy_grad`` the entropy is a metric only: it is computed without a gradient, so the
+    backward pass has no vocabulary-wide term for it."""
     shifted, log_z = _normaliser(logits.float())
-    probs = (shifted - log_z.unsqueeze(-1)).exp()
-    expected_shifted = reduce_from_tensor_model_parallel_region((probs * shifted).sum(dim=-1))
-    return log_z - expected_shifted
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        ent = _entropy(shifted, log_z)
+    return _picked(shifted, targets) - log_z, ent
 
 
 @torch.no_grad()
