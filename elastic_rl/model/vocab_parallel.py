@@ -43,32 +43,29 @@ def _picked(shifted: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return reduce_from_tensor_model_parallel_region(shifted.gather(-1, index).squeeze(-1) * local)
 
 
-def _entropy(shifted: torch.Tensor, log_z: torch.Tensor) -> torch.Tensor:
+def entropy_of(shifted: torch.Tensor, log_z: torch.Tensor) -> torch.Tensor:
+    """The entropy at each position, from ``log_probs_and_normaliser``'s shifted logits and normaliser."""
     probs = (shifted - log_z.unsqueeze(-1)).exp()
     return log_z - reduce_from_tensor_model_parallel_region((probs * shifted).sum(dim=-1))
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target) for each position. ``logits``: [..., vocab/tp]; ``targets``: [...]."""
-    shifted, log_z = _normaliser(logits.float())
-    return _picked(shifted, targets) - log_z
+    return log_probs_and_normaliser(logits, targets)[0]
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the full-vocabulary distribution at each position."""
-    return _entropy(*_normaliser(logits.float()))
+    return entropy_of(*_normaliser(logits.float()))
 
 
-def log_probs_and_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, entropy_grad: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``token_log_probs`` and ``entropy`` from one normalisation of the logits. Without
-    ``entropy_grad`` the entropy is a metric only: it is computed without a gradient, so the
-    backward pass has no vocabulary-wide term for it."""
+def log_probs_and_normaliser(
+    logits: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``token_log_probs``, with the shifted logits and log normaliser they came from, from which
+    ``entropy_of`` gives the entropy without normalising the logits a second time."""
     shifted, log_z = _normaliser(logits.float())
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        ent = _entropy(shifted, log_z)
-    return _picked(shifted, targets) - log_z, ent
+    return _picked(shifted, targets) - log_z, shifted, log_z
 
 
 @torch.no_grad()

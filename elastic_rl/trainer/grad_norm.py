@@ -14,7 +14,8 @@ def grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
     for param in parameters:
         if param.grad is None:
             continue
-        squares = param.grad.detach().float().pow(2).sum()
+        values = param.grad.detach().reshape(-1).float()
+        squares = torch.dot(values, values)  # one pass, no squared copy
         if getattr(param, "tensor_model_parallel", False):
             sharded += squares
         else:

@@ -26,7 +26,7 @@ from elastic_rl.algo.advantages import token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
-from elastic_rl.model.sequence_log_probs import sequence_log_probs
+from elastic_rl.model.sequence_log_probs import Entropy, sequence_log_probs
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.trainer.grad_norm import grad_norm
@@ -150,15 +150,29 @@ class GrpoTrainer:
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self.device = self.parameters[0].device
         self.consecutive_skips = 0
+        self.reduced, self.gradient_size = self._all_reduce_buffer(spec.trainer.replicas.max)
 
-    def _micro_batches(self, batch: RolloutBatch, rows: torch.Tensor) -> list[MicroBatch]:
-        """``rows`` cut into micro-batches."""
+    def _all_reduce_buffer(self, replicas: int) -> tuple[torch.Tensor, int]:
+        """What one step all-reduces, in one tensor: every gradient, then the metric sums, then per replica
+        slot its verdict and its shard. Each parameter's ``.grad`` is a view of its part, so the backward
+        pass accumulates straight into it and nothing is copied in or out (a copy each way of the whole
+        gradient, 0.3 s a step on SmolLM2 here)."""
+        size = sum(p.numel() for p in self.parameters)
+        reduced = torch.zeros(size + len(METRIC_NAMES) + 2 * replicas, device=self.device)
+        offset = 0
+        for param in self.parameters:
+            param.grad = reduced[offset : offset + param.numel()].view_as(param)
+            offset += param.numel()
+        return reduced, size
+
+    def _micro_batches(self, batch: RolloutBatch, rows: torch.Tensor, scale: int = 1) -> list[MicroBatch]:
+        """``rows`` cut into micro-batches of ``scale`` times the configured size (or token budget)."""
         lengths = batch.prompt_lengths + batch.response_lengths
         budget = self.spec.trainer.max_tokens_per_micro_batch
         if budget is None:
-            groups = fixed_micro_batches(rows, self.spec.trainer.micro_batch_size)
+            groups = fixed_micro_batches(rows, self.spec.trainer.micro_batch_size * scale)
         else:
-            groups = token_budget_micro_batches(rows, lengths, budget)
+            groups = token_budget_micro_batches(rows, lengths, budget * scale)
         return [
             MicroBatch(group, int(batch.prompt_lengths[group].min()), int(lengths[group].max())) for group in groups
         ]
@@ -167,8 +181,13 @@ class GrpoTrainer:
     def _log_probs(self, model, batch: RolloutBatch) -> torch.Tensor:
         logp = torch.zeros(batch.tokens.shape, device=batch.tokens.device)
         temperature = self.spec.rollout.temperature
-        for mb in self._micro_batches(batch, torch.arange(batch.size)):
-            logp[mb.cut] = sequence_log_probs(model, batch.tokens[mb.cut], temperature, mb.first_response)[0]
+        # Without a backward pass to keep activations for, a micro-batch of twice the size fits the
+        # memory the training micro-batches were sized for, and runs faster (6.5 s against 7.1 s for
+        # SmolLM2's 64 samples here).
+        for mb in self._micro_batches(batch, torch.arange(batch.size), scale=2):
+            logp[mb.cut], _ = sequence_log_probs(
+                model, batch.tokens[mb.cut], temperature, mb.first_response, Entropy.NONE
+            )
         return logp
 
     def prepare(self, rollout_id: int, batch: RolloutBatch, healed: dict[str, Any] | None = None) -> RolloutContext:
@@ -235,12 +254,12 @@ class GrpoTrainer:
         steps = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
         normaliser = loss_tokens(how, global_tokens, int(ctx.mask.sum().item()), steps)
         # Without an entropy bonus the entropy is a metric: no gradient for it.
-        entropy_grad = spec.algorithm.entropy_coef > 0
+        entropy = Entropy.LOSS if spec.algorithm.entropy_coef > 0 else Entropy.METRIC
         for mb in self._micro_batches(ctx.batch, rows):
             cut = mb.cut
             m = ctx.mask[cut]
             logp, ent = sequence_log_probs(
-                self.model, ctx.batch.tokens[cut], spec.rollout.temperature, mb.first_response, entropy_grad
+                self.model, ctx.batch.tokens[cut], spec.rollout.temperature, mb.first_response, entropy
             )
             if measure_gap:
                 gap = ((logp.detach() - ctx.batch.engine_logprobs[cut]).abs() * m).max().item()
@@ -288,23 +307,20 @@ class GrpoTrainer:
         shards = rows.tensor_split(self.manager.num_participants())
         global_tokens = int(ctx.mask[rows].sum().item())
 
-        self.optimizer.zero_grad(set_to_none=False)
+        flat = self.reduced
+        flat.zero_()  # the gradients (every .grad is a view of it), sums and verdicts of the last step
         measure_gap = spec.algorithm.use_rollout_logprobs and index == 0
         sums = self._shard_loss(ctx, shards[rank], global_tokens, global_batch, backward=True, measure_gap=measure_gap)
         local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
 
         # One all-reduce: gradients, metric sums, and per replica slot its verdict and its shard.
-        verdicts = torch.zeros(2 * replicas, device=self.device)
+        offset = self.gradient_size
+        flat[offset : offset + len(METRIC_NAMES)] = sums.to(self.device)
+        verdicts = flat[offset + len(METRIC_NAMES) :]
         verdicts[self.replica] = 0.0 if local_finite else 1.0
         verdicts[replicas + self.replica] = rank + 1
-        flat = torch.cat([p.grad.reshape(-1) for p in self.parameters] + [sums.to(self.device), verdicts])
         self.manager.allreduce(flat, reduce_op=torch.distributed.ReduceOp.SUM).wait()
-        offset = 0
-        for param in self.parameters:
-            param.grad.copy_(flat[offset : offset + param.numel()].view_as(param.grad))
-            offset += param.numel()
         sums = flat[offset : offset + len(METRIC_NAMES)]
-        verdicts = flat[offset + len(METRIC_NAMES) :]
 
         decision = Decision(Response.COMMIT)
         if self.manager.errored() is None:

@@ -67,17 +67,21 @@ def test_scoring_from_the_first_response_position_gives_the_same_log_probs_and_g
     response = torch.zeros(tokens.shape)
     response[:, first:] = 1.0
 
-    def scored(first_position: int, entropy_grad: bool):
+    def scored(first_position: int, entropy: module.Entropy):
         tiny_gpt.zero_grad()
-        logp, ent = module.sequence_log_probs(tiny_gpt, tokens, 0.9, first_position, entropy_grad)
+        logp, ent = module.sequence_log_probs(tiny_gpt, tokens, 0.9, first_position, entropy)
         loss = (logp * response).sum() + 0.1 * (ent.detach() * response).sum()
         loss.backward()
         return logp.detach(), ent.detach(), [p.grad.clone() for p in tiny_gpt.parameters()]
 
-    logp_all, ent_all, grads_all = scored(1, True)
-    logp_cut, ent_cut, grads_cut = scored(first, False)
+    logp_all, ent_all, grads_all = scored(1, module.Entropy.LOSS)
+    logp_cut, ent_cut, grads_cut = scored(first, module.Entropy.METRIC)
     assert bool((logp_cut[:, :first] == 0).all()) and bool((ent_cut[:, :first] == 0).all())
     torch.testing.assert_close(logp_cut[:, first:], logp_all[:, first:], rtol=0, atol=1e-6)
     torch.testing.assert_close(ent_cut[:, first:], ent_all[:, first:], rtol=0, atol=1e-6)
     for cut, whole in zip(grads_cut, grads_all):
         torch.testing.assert_close(cut, whole, rtol=0, atol=1e-6)
+    with torch.no_grad():  # the old-policy pass: no entropy at all
+        logp_only, none = module.sequence_log_probs(tiny_gpt, tokens, 0.9, first, module.Entropy.NONE)
+    assert none is None
+    torch.testing.assert_close(logp_only, logp_cut, rtol=0, atol=0)
