@@ -53,6 +53,8 @@ POLICY_GRADIENT_ONLY = ("pg_loss", "ppo_kl", "first_step_ppo_kl", "clipfrac", "k
 
 @dataclass(frozen=True)
 class MicroBatch:
+    """Samples of the rollout that go through the model together."""
+
     rows: torch.Tensor
     first_response: int
     """Its shortest prompt's length: the first position a response token can take."""
