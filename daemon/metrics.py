@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from checkpoints.discovery import newest_committed_snapshot
@@ -76,7 +76,8 @@ class ClusterCollector:
         states = GaugeMetricFamily(
             "erld_process_state", "1 for the state each job process on this node is in", labels=["job", "proc", "state"]
         )
-        restarts = GaugeMetricFamily(
+        # A counter: it only grows while the process lives on this node (Prometheus' rate() reads it).
+        restarts = CounterMetricFamily(
             "erld_process_restarts", "restarts of each job process on this node", labels=["job", "proc"]
         )
         engines = GaugeMetricFamily(
@@ -90,8 +91,20 @@ class ClusterCollector:
                 engines.add_metric([job, name], 1.0 if proc.serving else 0.0)
         yield from (states, restarts, engines)
 
+        committed = CounterMetricFamily("erld_job_rollouts_committed", "rollouts the job has trained", labels=["job"])
         jobs = {
-            "erld_job_rollouts_committed": ("rollouts the job has trained", lambda p, s: p.get("rollouts_done")),
+            "erld_job_reward_mean": (
+                "mean reward of the last rollout",
+                lambda p, s: p.get("metrics", {}).get("rollout/reward_mean"),
+            ),
+            "erld_job_generated_tokens_per_second": (
+                "tokens the engines generated per second of the last rollout's generation",
+                lambda p, s: p.get("metrics", {}).get("perf/generated_tokens_per_sec"),
+            ),
+            "erld_job_iteration_time_seconds": (
+                "wall time of the last rollout, from the end of the one before",
+                lambda p, s: p.get("metrics", {}).get("perf/iteration_time"),
+            ),
             "erld_job_quorum_size": (
                 "trainer replicas in the last step's quorum",
                 lambda p, s: p.get("metrics", {}).get("train/participants"),
@@ -111,11 +124,14 @@ class ClusterCollector:
             if status.get("phase") != "running":
                 continue
             progress = cluster.progress.get(job, {})
+            if "rollouts_done" in progress:
+                committed.add_metric([job], float(progress["rollouts_done"]))
             snapshot = newest_committed_snapshot_age(status.get("workdir"))
             for name, (_, value_of) in jobs.items():
                 value = value_of(progress, snapshot)
                 if value is not None:
                     families[name].add_metric([job], float(value))
+        yield committed
         yield from families.values()
 
         sizes = GaugeMetricFamily(

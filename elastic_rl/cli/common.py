@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from elastic_rl.store import credentials
 from elastic_rl.store.client import DEFAULT_ENDPOINT
+from elastic_rl.store.credentials import EtcdCredentials
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -17,6 +19,36 @@ ETCD_ENV = "ERL_ETCD"
 def add_etcd_options(parser: argparse.ArgumentParser) -> None:
     """The options of a command that talks to etcd as a client."""
     parser.add_argument("--etcd", metavar="URL", help=f"etcd endpoint (default: ${ETCD_ENV} or {DEFAULT_ENDPOINT})")
+    add_etcd_credential_options(parser)
+
+
+def add_etcd_credential_options(parser: argparse.ArgumentParser) -> None:
+    """How to reach a secured etcd; each option's default is its environment variable."""
+    group = parser.add_argument_group("a secured etcd (https:// endpoints, etcd's auth)")
+    for option, variable, what in (
+        ("--etcd-cacert", credentials.CACERT_ENV, "the CA that signed etcd's certificate (required for https://)"),
+        ("--etcd-cert", credentials.CERT_ENV, "this client's certificate, where etcd asks for one"),
+        ("--etcd-key", credentials.KEY_ENV, "the key of --etcd-cert"),
+        ("--etcd-user", credentials.USER_ENV, "the etcd user to sign in as (with etcd's auth enabled)"),
+        ("--etcd-password-file", credentials.PASSWORD_FILE_ENV, "a file holding --etcd-user's password"),
+    ):
+        metavar = "NAME" if option == "--etcd-user" else "FILE"
+        group.add_argument(option, metavar=metavar, help=f"{what} (default: ${variable})")
+
+
+def use_etcd_credentials(args: argparse.Namespace) -> None:
+    """Make the etcd options given this command the environment's, where every etcd client of this
+    process (``Store``'s default) and every process erld starts finds them."""
+    if not hasattr(args, "etcd_cacert"):
+        return
+    given = EtcdCredentials.from_environ().overridden(
+        cacert=args.etcd_cacert,
+        cert=args.etcd_cert,
+        key=args.etcd_key,
+        user=args.etcd_user,
+        password_file=args.etcd_password_file,
+    )
+    os.environ.update(given.environ())
 
 
 def endpoint(args: argparse.Namespace) -> str:

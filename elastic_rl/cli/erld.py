@@ -15,7 +15,7 @@ import psutil
 
 from daemon.pool import DEFAULT_SIZES
 from elastic_rl import jobs
-from elastic_rl.cli.common import add_command
+from elastic_rl.cli.common import add_command, add_etcd_credential_options
 from elastic_rl.errors import ElasticRLError
 from elastic_rl.net import LOOPBACK
 from elastic_rl.store.client import Store, StoreUnavailable
@@ -162,6 +162,7 @@ def add_erld_commands(commands) -> None:
         "--etcd", metavar="URL[,URL...]", help="an etcd cluster's members; without it erld starts an embedded etcd"
     )
     daemon.add_argument("--etcd-port", type=int, default=2379, help="client port of the embedded etcd")
+    add_etcd_credential_options(daemon)
     slots = daemon.add_mutually_exclusive_group()
     slots.add_argument("--cpu-devices", type=int, default=4, help="device slots this node offers (CPU nodes)")
     slots.add_argument(

@@ -11,7 +11,7 @@ import sys
 from elastic_rl import jobs
 from elastic_rl.cli.chaos import add_chaos_commands
 from elastic_rl.cli.cluster import add_cluster_commands
-from elastic_rl.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
+from elastic_rl.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, use_etcd_credentials
 from elastic_rl.cli.erld import add_erld_commands
 from elastic_rl.cli.jobs_control import add_control_commands
 from elastic_rl.cli.jobs_read import add_read_commands
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    use_etcd_credentials(args)
     try:
         result = args.handler(args)
         code = asyncio.run(result) if asyncio.iscoroutine(result) else result

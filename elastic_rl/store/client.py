@@ -7,23 +7,32 @@ retried (``elastic_rl.retry``); after the last attempt ``StoreUnavailable``
 names the endpoints. Values are JSON (orjson, sorted keys). ``commit_if`` is
 the one multi-key write: several puts and deletes, done together only while a
 guard key is still the one the caller saw (the controller's fencing).
+
+A secured etcd (``https://`` members, etcd's auth) is reached with the credentials of
+``store.credentials``, by default the ones the process's environment names. When etcd no longer
+knows the client's token, the client signs in again once; a refusal of who the client is becomes
+``StoreAccessDenied``, naming the options to give.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import random
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
 import aetcd
+import grpc
 import orjson
 from aetcd import exceptions as etcd_errors
+from aetcd import rpc as aetcd_rpc
 
-from elastic_rl.errors import ElasticRLError
+from elastic_rl.errors import ElasticRLError, InputError
 from elastic_rl.retry import with_retries
+from elastic_rl.store.credentials import EtcdCredentials
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:2379"
 _TRANSIENT = (
@@ -38,6 +47,19 @@ class StoreUnavailable(ElasticRLError):
     """etcd did not answer."""
 
 
+class StoreAccessDenied(InputError):
+    """etcd's auth refused the client: no user, a wrong password, or a user without the permission."""
+
+
+def _refused_access(error: etcd_errors.ClientError) -> bool:
+    """Whether etcd said no to who the client is (codes UNAUTHENTICATED, PERMISSION_DENIED, or
+    etcd's INVALID_ARGUMENT for a missing user or a failed sign-in)."""
+    if isinstance(error, etcd_errors.UnauthenticatedError):
+        return True
+    text = str(error).lower()
+    return any(words in text for words in ("permission denied", "user name is empty", "authentication failed"))
+
+
 class LeaseExpired(ElasticRLError):
     """etcd no longer knows the lease (it expired or etcd lost it)."""
 
@@ -46,31 +68,89 @@ def _encode(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-def _client_for(endpoint: str, timeout_s: float) -> aetcd.Client:
+# aetcd 1.0 always opens a plain-text channel (``rpc.insecure_channel`` in ``Client.connect``). Its
+# one call of that name is replaced here, once, by one that opens a TLS channel for the client
+# connecting in the current task (``_TlsClient`` sets this variable around its connect).
+_CONNECTING_TLS: contextvars.ContextVar[grpc.ChannelCredentials | None] = contextvars.ContextVar(
+    "etcd_tls", default=None
+)
+_plain_channel = aetcd_rpc.insecure_channel
+
+
+def _channel(target: str, options=None, **kwargs):
+    tls = _CONNECTING_TLS.get()
+    if tls is None:
+        return _plain_channel(target, options=options, **kwargs)
+    return grpc.aio.secure_channel(target, tls, options=options, **kwargs)
+
+
+aetcd_rpc.insecure_channel = _channel
+
+
+class _TlsClient(aetcd.Client):
+    """aetcd's client over a TLS channel."""
+
+    def __init__(self, tls: grpc.ChannelCredentials, **options):
+        super().__init__(**options)
+        self._tls = tls
+
+    async def connect(self) -> None:
+        token = _CONNECTING_TLS.set(self._tls)
+        try:
+            await super().connect()
+        finally:
+            _CONNECTING_TLS.reset(token)
+
+
+def _client_for(endpoint: str, timeout_s: float, credentials: EtcdCredentials) -> aetcd.Client:
     parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-    return aetcd.Client(host=parsed.hostname or "127.0.0.1", port=parsed.port or 2379, timeout=timeout_s)
+    options = {
+        "host": parsed.hostname or "127.0.0.1",
+        "port": parsed.port or 2379,
+        "timeout": timeout_s,
+        "username": credentials.user,
+        "password": credentials.password(),
+    }
+    tls = credentials.tls()
+    return aetcd.Client(**options) if tls is None else _TlsClient(tls, **options)
 
 
 class Store:
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout_s: float = 5.0, attempts: int = 4):
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        timeout_s: float = 5.0,
+        attempts: int = 4,
+        credentials: EtcdCredentials | None = None,
+    ):
+        """``credentials``: by default the ones this process's environment names (``store.credentials``)."""
         self.endpoint = endpoint
+        self.credentials = credentials if credentials is not None else EtcdCredentials.from_environ()
+        self.credentials.check(endpoint)
         self.members = [member.strip() for member in endpoint.split(",") if member.strip()]
         self.timeout_s = timeout_s
         # With several members, enough attempts to try each at least once.
         self.attempts = attempts if len(self.members) == 1 else max(attempts, len(self.members) + 1)
         self._member = 0
-        self._client = _client_for(self.members[0], timeout_s)
+        self._client = self._new_client()
         self._closing: set[asyncio.Task] = set()
+
+    def _new_client(self) -> aetcd.Client:
+        return _client_for(self.members[self._member], self.timeout_s, self.credentials)
 
     async def _next_member(self, failed: aetcd.Client) -> None:
         """Move on from the member behind ``failed``, unless a concurrent call already has."""
         if len(self.members) < 2 or failed is not self._client:
             return
         self._member = (self._member + 1) % len(self.members)
-        self._client = _client_for(self.members[self._member], self.timeout_s)
+        self._replace_client(failed)
+
+    def _replace_client(self, old: aetcd.Client) -> None:
+        """A fresh client (a new channel, signed in anew) for the current member."""
+        self._client = self._new_client()
         # Other calls may still be in flight on the old channel (the lease keep-alive beside the main
         # loop): closing it now would cancel them. They finish or time out first.
-        closing = asyncio.create_task(self._close_later(failed))
+        closing = asyncio.create_task(self._close_later(old))
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
 
@@ -86,14 +166,37 @@ class Store:
 
         async def attempt():
             used[0] = self._client
-            return await asyncio.wait_for(operation(used[0]), self.timeout_s)
+            try:
+                return await asyncio.wait_for(operation(used[0]), self.timeout_s)
+            except etcd_errors.UnauthenticatedError:
+                if self.credentials.user is None:
+                    raise
+                # etcd's token is gone: it expired (--auth-token-ttl) or its member restarted and
+                # forgot it (simple tokens live in memory). Sign in again, once, and repeat the call.
+                if used[0] is self._client:
+                    self._replace_client(used[0])
+                used[0] = self._client
+                return await asyncio.wait_for(operation(used[0]), self.timeout_s)
 
         try:
             return await with_retries(
                 attempt, _TRANSIENT, self.attempts, first_backoff_s=0.2, before_retry=lambda: self._next_member(used[0])
             )
         except _TRANSIENT as exc:
-            raise StoreUnavailable(f"etcd at {self.endpoint} is unreachable ({type(exc).__name__})") from exc
+            tls = " over TLS: check that --etcd-cacert signed etcd's certificate" if self.credentials.cacert else ""
+            raise StoreUnavailable(f"etcd at {self.endpoint} is unreachable{tls} ({type(exc).__name__})") from exc
+        except etcd_errors.ClientError as exc:
+            if _refused_access(exc):
+                raise StoreAccessDenied(self._access_hint(exc)) from exc
+            raise
+
+    def _access_hint(self, error: etcd_errors.ClientError) -> str:
+        who = f"as etcd user {self.credentials.user!r}" if self.credentials.user else "without an etcd user"
+        return (
+            f"etcd at {self.endpoint} refused this client {who} ({error}): give a user with "
+            f"--etcd-user and --etcd-password-file (or a client certificate etcd maps to a user, "
+            f"--etcd-cert and --etcd-key) that etcd's auth allows"
+        )
 
     async def close(self) -> None:
         await self._client.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 from elastic_rl.errors import ElasticRLError
 from elastic_rl.net import free_port
 from elastic_rl.store.client import Store, StoreUnavailable
+from elastic_rl.store.credentials import EtcdCredentials
 
 INSTALL_HINT = "install it with `apt-get install etcd-server` (Debian/Ubuntu) or run `make setup`"
 
@@ -79,7 +80,8 @@ class EmbeddedEtcd:
         self.adopted_pid: int | None = None
 
     async def _answers(self) -> bool:
-        async with Store(self.endpoint, timeout_s=2.0, attempts=1) as store:
+        # Plain text on loopback, whatever credentials the environment names for other etcds.
+        async with Store(self.endpoint, timeout_s=2.0, attempts=1, credentials=EtcdCredentials()) as store:
             try:
                 await store.get("/erl/ping")
                 return True

@@ -1,0 +1,102 @@
+"""erld's /metrics as Prometheus reads it: counters where figures only grow, a running job's headline
+figures, and a Grafana dashboard (deploy/grafana) that asks only for metrics erld exports."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon.cluster import Cluster
+from daemon.metrics import ClusterCollector
+from daemon.proctable import LocalProc, ProcessTable, ProcState
+from tests.processes import REPO
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+DASHBOARD = REPO / "deploy" / "grafana" / "elastic-rl.json"
+
+
+class FakePool:
+    """Stands in for the interpreter pool: counts only."""
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        return {"trainer": (1, 1)}
+
+
+class FakeErld:
+    """Stands in for the erld the collector reads: one node, leading, with a job's processes."""
+
+    def __init__(self) -> None:
+        self.node = "node-a"
+        self.leading = True
+        self.pool = FakePool()
+        self.table = ProcessTable(self.node)
+        self.table.add(LocalProc("job-1", "trainer-0-0", 1, state=ProcState.RUNNING, restarts=[1.0, 2.0]))
+        self.table.add(LocalProc("job-1", "engine-0", 1, state=ProcState.RUNNING, serving=True))
+
+    def lease_may_have_expired(self) -> bool:
+        return False
+
+
+def scraped() -> dict[str, object]:
+    """Every exported sample by name, from a cluster with a running job, a draining node and a failed slot."""
+    collector = ClusterCollector(FakeErld())
+    collector.cluster = Cluster(
+        statuses={"job-1": {"phase": "running", "size": {"replicas": [1, 1, 2], "engines": [1, 1, 1]}}},
+        assignments={},
+        nodes={"node-a": {"devices": 2}},
+        reported={},
+        failed={"node-a": {1}},
+        progress={
+            "job-1": {
+                "rollouts_done": 7,
+                "metrics": {
+                    "rollout/reward_mean": 0.5,
+                    "perf/generated_tokens_per_sec": 180.0,
+                    "perf/iteration_time": 35.0,
+                    "rollout/time": 10.0,
+                    "train/step_time": 5.9,
+                    "train/participants": 1,
+                },
+            }
+        },
+        draining={"node-a": {"deadline": 0.0}},
+    )
+    registry = CollectorRegistry()
+    registry.register(collector)
+    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    return {
+        "types": {family.name: family.type for family in families},
+        "samples": {sample.name: sample for family in families for sample in family.samples},
+    }
+
+
+def test_growing_figures_are_counters_and_the_headline_figures_are_there():
+    exported = scraped()
+    assert exported["types"]["erld_process_restarts"] == "counter"
+    assert exported["types"]["erld_job_rollouts_committed"] == "counter"
+    samples = exported["samples"]
+    assert samples["erld_process_restarts_total"].value == 2
+    assert samples["erld_job_rollouts_committed_total"].value == 7
+    assert samples["erld_job_reward_mean"].value == 0.5
+    assert samples["erld_job_generated_tokens_per_second"].value == 180.0
+    assert samples["erld_job_iteration_time_seconds"].value == 35.0
+
+
+def test_the_dashboard_asks_only_for_metrics_erld_exports():
+    dashboard = json.loads(DASHBOARD.read_text())
+    expressions = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    expressions += [variable.get("query", "") for variable in dashboard["templating"]["list"]]
+    asked = {name for expression in expressions for name in re.findall(r"\berld_[a-z_]+", expression)}
+    exported = scraped()
+    exported = set(exported["types"]) | set(exported["samples"])  # a family with no sample here is declared
+    assert asked and asked <= exported, sorted(asked - exported)
+    # Every panel shows something a job's operator looks for: progress, restarts and faults among them.
+    titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
+    for topic in ("rollouts committed", "reward", "restarts", "failed device"):
+        assert topic in titles, topic
