@@ -49,6 +49,11 @@ class ServedNode(Protocol):
     def lease_may_have_expired(self) -> bool: ...
 
 
+def last_rollout(metric: str):
+    """A job figure read from the metrics of the job's last reported rollout."""
+    return lambda progress, snapshot_age: progress.get("metrics", {}).get(metric)
+
+
 class ClusterCollector:
     """Builds every metric from the last cluster read, so a gone process or job leaves no stale series."""
 
@@ -93,30 +98,21 @@ class ClusterCollector:
 
         committed = CounterMetricFamily("erld_job_rollouts_committed", "rollouts the job has trained", labels=["job"])
         jobs = {
-            "erld_job_reward_mean": (
-                "mean reward of the last rollout",
-                lambda p, s: p.get("metrics", {}).get("rollout/reward_mean"),
-            ),
+            "erld_job_reward_mean": ("mean reward of the last rollout", last_rollout("rollout/reward_mean")),
             "erld_job_generated_tokens_per_second": (
                 "tokens the engines generated per second of the last rollout's generation",
-                lambda p, s: p.get("metrics", {}).get("perf/generated_tokens_per_sec"),
+                last_rollout("perf/generated_tokens_per_sec"),
             ),
             "erld_job_iteration_time_seconds": (
                 "wall time of the last rollout, from the end of the one before",
-                lambda p, s: p.get("metrics", {}).get("perf/iteration_time"),
+                last_rollout("perf/iteration_time"),
             ),
-            "erld_job_quorum_size": (
-                "trainer replicas in the last step's quorum",
-                lambda p, s: p.get("metrics", {}).get("train/participants"),
-            ),
+            "erld_job_quorum_size": ("trainer replicas in the last step's quorum", last_rollout("train/participants")),
             "erld_job_step_time_seconds": (
                 "mean optimizer step time of the last rollout",
-                lambda p, s: p.get("metrics", {}).get("train/step_time"),
+                last_rollout("train/step_time"),
             ),
-            "erld_job_rollout_time_seconds": (
-                "generation time of the last rollout",
-                lambda p, s: p.get("metrics", {}).get("rollout/time"),
-            ),
+            "erld_job_rollout_time_seconds": ("generation time of the last rollout", last_rollout("rollout/time")),
             "erld_job_snapshot_age_seconds": ("seconds since the newest committed snapshot", lambda p, s: s),
         }
         families = {name: GaugeMetricFamily(name, text, labels=["job"]) for name, (text, _) in jobs.items()}
