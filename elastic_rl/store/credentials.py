@@ -14,7 +14,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from urllib.parse import urlparse
 
 import grpc
 
@@ -71,7 +70,8 @@ class EtcdCredentials:
 
     def check(self, endpoint: str) -> None:
         """Refuse what cannot work against ``endpoint`` (its members, comma-separated), naming the option."""
-        schemes = {urlparse(member.strip()).scheme or "http" for member in endpoint.split(",") if member.strip()}
+        members = [member.strip() for member in endpoint.split(",") if member.strip()]
+        schemes = {member.split("://")[0] if "://" in member else "http" for member in members}
         if len(schemes) > 1:
             raise BadEtcdCredentials(f"etcd endpoint {endpoint} mixes http:// and https:// members: use one scheme")
         secure = schemes == {"https"}
