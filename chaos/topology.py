@@ -30,7 +30,7 @@ from daemon.pool import POOL_NODE
 from elastic_rl import jobenv
 from elastic_rl.net import LOOPBACK, free_port
 from elastic_rl.store import keys
-from elastic_rl.store.client import Store, StoreUnavailable
+from elastic_rl.store.client import Store, StoreUnavailable, etcd_answers
 from elastic_rl.store.embedded import etcd_command
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,7 +73,7 @@ class EtcdCluster:
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout_s
-        while not asyncio.run(_answers(self.endpoint)):
+        while not asyncio.run(etcd_answers(self.endpoint)):
             assert time.monotonic() < deadline, "the etcd cluster did not come up"
             time.sleep(0.2)
 
@@ -86,15 +86,6 @@ class EtcdCluster:
     def stop(self) -> None:
         for index in range(len(self.members)):
             self.kill(index)
-
-
-async def _answers(endpoint: str) -> bool:
-    async with Store(endpoint, timeout_s=2.0, attempts=1) as store:
-        try:
-            await store.get("/erl/ping")
-            return True
-        except StoreUnavailable:
-            return False
 
 
 @dataclass

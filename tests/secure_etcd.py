@@ -15,7 +15,7 @@ import trustme
 from aetcd import rpc
 
 from elastic_rl.net import LOOPBACK, free_port
-from elastic_rl.store.client import Store, StoreUnavailable
+from elastic_rl.store.client import etcd_answers
 from elastic_rl.store.credentials import EtcdCredentials
 from elastic_rl.store.embedded import etcd_command
 
@@ -83,19 +83,10 @@ class SecureEtcd:
         log = open(self.root / "etcd.log", "ab")
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
-        while not asyncio.run(self._answers()):
+        # By the certificate alone: before `enable_auth` etcd has no users to sign in as.
+        while not asyncio.run(etcd_answers(self.endpoint, self.credentials(user=None))):
             assert time.monotonic() < deadline and self.process.poll() is None, "the secured etcd did not come up"
             time.sleep(0.2)
-
-    async def _answers(self) -> bool:
-        try:
-            # By the certificate alone: before `enable_auth` etcd has no users to sign in as.
-            by_certificate = self.credentials(user=None)
-            async with Store(self.endpoint, timeout_s=2.0, attempts=1, credentials=by_certificate) as store:
-                await store.get("/erl/ping")
-        except StoreUnavailable:
-            return False
-        return True
 
     def enable_auth(self) -> None:
         """A root user with root's password and role, then etcd's auth on (etcdctl's `user add root`,

@@ -18,7 +18,7 @@ from elastic_rl import jobs
 from elastic_rl.cli.common import add_command, add_etcd_credential_options
 from elastic_rl.errors import ElasticRLError
 from elastic_rl.net import LOOPBACK
-from elastic_rl.store.client import Store, StoreUnavailable
+from elastic_rl.store.client import Store, etcd_answers
 
 DAEMON_STATE_DIR = Path("runs/.erld")
 
@@ -99,15 +99,6 @@ async def daemon_running(endpoint: str) -> bool:
     return True
 
 
-async def _etcd_answers(endpoint: str) -> bool:
-    async with Store(endpoint, timeout_s=2.0, attempts=1) as store:
-        try:
-            await store.get("/erl/ping")
-        except StoreUnavailable:
-            return False
-    return True
-
-
 async def start_background_daemon(endpoint: str, slots: list[str]) -> int:
     """Start `erl daemon` with the device ``slots`` arguments in its own session; it outlives `erl run`.
 
@@ -115,7 +106,7 @@ async def start_background_daemon(endpoint: str, slots: list[str]) -> int:
     etcd-server runs one as a service), else starts an embedded one on that port.
     """
     DAEMON_STATE_DIR.mkdir(parents=True, exist_ok=True)
-    if await _etcd_answers(endpoint):
+    if await etcd_answers(endpoint):
         etcd_args = ["--etcd", endpoint]
     else:
         etcd_args = ["--etcd-port", endpoint.rsplit(":", 1)[1]]

@@ -308,3 +308,14 @@ class Store:
         except etcd_errors.ClientError as exc:
             if isinstance(exc, _TRANSIENT):
                 raise
+
+
+async def etcd_answers(endpoint: str, credentials: EtcdCredentials | None = None) -> bool:
+    """Whether etcd at ``endpoint`` answers a read within 2 s, with one attempt (``credentials``: by
+    default the environment's, as ``Store``'s)."""
+    async with Store(endpoint, timeout_s=2.0, attempts=1, credentials=credentials) as store:
+        try:
+            await store.get("/erl/ping")
+        except StoreUnavailable:
+            return False
+    return True

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from elastic_rl.errors import ElasticRLError
 from elastic_rl.net import free_port
-from elastic_rl.store.client import Store, StoreUnavailable
+from elastic_rl.store.client import StoreUnavailable, etcd_answers
 from elastic_rl.store.credentials import EtcdCredentials
 
 INSTALL_HINT = "install it with `apt-get install etcd-server` (Debian/Ubuntu) or run `make setup`"
@@ -81,12 +81,7 @@ class EmbeddedEtcd:
 
     async def _answers(self) -> bool:
         # Plain text on loopback, whatever credentials the environment names for other etcds.
-        async with Store(self.endpoint, timeout_s=2.0, attempts=1, credentials=EtcdCredentials()) as store:
-            try:
-                await store.get("/erl/ping")
-                return True
-            except StoreUnavailable:
-                return False
+        return await etcd_answers(self.endpoint, EtcdCredentials())
 
     def _previous_pid(self) -> int | None:
         """The pid of an etcd a previous erld started here, if it still runs."""

@@ -90,7 +90,7 @@ def test_erld_and_a_job_on_a_secured_etcd(secure_etcd, tmp_path, monkeypatch):
 
         async def node_joined() -> bool:
             async with Store(secure_etcd.endpoint) as store:
-                return "/erl/nodes/secure-node" in await store.get_prefix(keys.NODES)
+                return f"{keys.NODES}secure-node" in await store.get_prefix(keys.NODES)
 
         deadline = time.monotonic() + 60
         while not asyncio.run(node_joined()):
