@@ -86,6 +86,7 @@ class JobAgent:
         advertise_host: str,
         store: Store,
         etcd_endpoint: str,
+        secret: str,
         events: EventLog,
         table: ProcessTable,
         device_cooldown_s: float | None,
@@ -99,6 +100,7 @@ class JobAgent:
         self.gpu_ids = gpu_ids  # on a GPU node, its GPUs' CUDA indices (daemon.gpus)
         self.pool = pool  # this node's pre-imported interpreters
         self.store, self.etcd_endpoint, self.events = store, etcd_endpoint, events
+        self.secret = secret  # the job's (``elastic_rl.job_secret``): its processes get it, its engines ask it
         self.table = table
         self.device_cooldown_s = device_cooldown_s
         self.lease = None  # the node lease; set by erld, renewed on a rejoin
@@ -139,6 +141,7 @@ class JobAgent:
             jobenv.JOB: self.job_id,
             jobenv.WORKDIR: str(self.workdir),
             jobenv.ETCD: self.etcd_endpoint,
+            jobenv.SECRET: self.secret,
         }
 
     @staticmethod
@@ -240,7 +243,7 @@ class JobAgent:
                 continue
             spec = proc_spec(proc.name)
             if spec.role is Role.ENGINE and proc.serving and "router" in assigned:
-                await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host))
+                await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host), self.secret)
             # An engine scaled away may finish what it holds; anything else is replaced at once.
             self.table.signal(
                 proc, signal.SIGTERM if spec.role is Role.ENGINE and assignment is None else signal.SIGKILL
@@ -270,7 +273,7 @@ class JobAgent:
                 continue
             proc.draining = True
             if proc.serving and "router" in assigned:
-                await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host))
+                await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host), self.secret)
             proc.serving = False
             self.health_watches.pop(name, None)
             self._in_background(name, self._stop_when_idle(proc, assignment["drain"]))
@@ -279,7 +282,7 @@ class JobAgent:
             )
 
     async def _stop_when_idle(self, proc: LocalProc, deadline: float) -> None:
-        engine = EngineClient(url(proc.port, host=self.host))
+        engine = EngineClient(url(proc.port, host=self.host), secret=self.secret)
         while True:
             load = await engine.load(self.spec.engines.health_timeout_s)
             if engine_may_stop(load and load.holding_work, time.time(), deadline, ENGINE_HANDOVER_S):
@@ -338,7 +341,7 @@ class JobAgent:
         if spec.role is Role.ENGINE and proc.serving and "router" in assigned:
             # Out of the router at once, so no new request goes to a dead engine.
             proc.serving = False
-            await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host))
+            await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host), self.secret)
         group = [proc, *self._partners(proc)] if spec.role in (Role.TRAINER, Role.SPARE) else [proc]
         for partner in group[1:]:
             # The other ranks of a dead rank's replica are stuck in their collectives.
@@ -508,7 +511,7 @@ class JobAgent:
 
     async def _register_engine(self, proc: LocalProc, router_url: str, announce: bool) -> None:
         engine_url = url(proc.port, host=self.host)
-        client = EngineClient(engine_url)
+        client = EngineClient(engine_url, secret=self.secret)
         try:
             await client.wait_healthy(self.spec.engines.startup_timeout_s)
         except EngineError as exc:
@@ -518,7 +521,7 @@ class JobAgent:
         version = layout.latest_weights_version(self.workdir)
         if version is not None and str(version) != (await client.model_info())["weight_version"]:
             await client.update_weights_from_disk(str(layout.weights_dir(self.workdir, version)), str(version))
-        await engines.register(router_url, engine_url, self.spec.engines.startup_timeout_s)
+        await engines.register(router_url, engine_url, self.spec.engines.startup_timeout_s, self.secret)
         proc.serving = True
         self.health_watches[proc.name] = EngineWatch(time.time())
         await self._publish(proc)
@@ -530,7 +533,7 @@ class JobAgent:
         serving = [
             record["url"] for record in reported.values() if record.get("role") == "engine" and record.get("serving")
         ]
-        await engines.register_all(router_url, serving)
+        await engines.register_all(router_url, serving, self.secret)
 
     # --- engine health ------------------------------------------------------------------
 
@@ -550,7 +553,7 @@ class JobAgent:
         router = assigned.get("router")
         if router is not None and router["node"] == self.node and "prune" not in self._background:
             engine_urls = {server_url(a) for name, a in assigned.items() if proc_spec(name).role is Role.ENGINE}
-            self._in_background("prune", engines.prune(server_url(router), engine_urls))
+            self._in_background("prune", engines.prune(server_url(router), engine_urls, self.secret))
 
     async def _health_pass(self, serving: dict[str, str]) -> None:
         read = await engines.loads(serving, self.spec.engines.health_timeout_s)
@@ -564,7 +567,7 @@ class JobAgent:
             if not verdict.unhealthy or proc is None or not proc.serving or proc.state is not ProcState.RUNNING:
                 continue  # healthy, or replaced or gone while the check ran
             if "router" in assigned:
-                await engines.unregister(server_url(assigned["router"]), serving[name])
+                await engines.unregister(server_url(assigned["router"]), serving[name], self.secret)
             await self._replace_engine(proc, verdict.reason)
 
     async def _replace_engine(self, proc: LocalProc, reason: str) -> None:

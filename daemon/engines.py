@@ -25,20 +25,20 @@ log = logging.getLogger("erld.engines")
 ROUTER_START_TIMEOUT_S = 60.0
 
 
-async def register(router_url: str, engine_url: str, startup_timeout_s: float) -> None:
+async def register(router_url: str, engine_url: str, startup_timeout_s: float, secret: str) -> None:
     """Register an engine once it answers. One already listed is removed first: that resets what
     the router remembers of a predecessor at the same address (an open circuit, its load)."""
     await EngineClient(engine_url).wait_healthy(startup_timeout_s)
-    router = RouterClient(router_url)
+    router = RouterClient(router_url, secret=secret)
     await router.wait_healthy(ROUTER_START_TIMEOUT_S)
     if engine_url in await router.worker_urls():
         await router.remove_worker(engine_url)
     await router.add_worker(engine_url)
 
 
-async def register_all(router_url: str, engine_urls: list[str]) -> None:
+async def register_all(router_url: str, engine_urls: list[str], secret: str) -> None:
     """Register every listed engine with a router that just (re)started."""
-    router = RouterClient(router_url)
+    router = RouterClient(router_url, secret=secret)
     await router.wait_healthy(ROUTER_START_TIMEOUT_S)
     present = await router.worker_urls()
     for engine_url in engine_urls:
@@ -46,18 +46,18 @@ async def register_all(router_url: str, engine_urls: list[str]) -> None:
             await router.add_worker(engine_url)
 
 
-async def unregister(router_url: str, engine_url: str) -> None:
+async def unregister(router_url: str, engine_url: str, secret: str) -> None:
     try:
-        await RouterClient(router_url).remove_worker(engine_url)
+        await RouterClient(router_url, secret=secret).remove_worker(engine_url)
     except Exception as exc:  # the router may be down too; its restart registers only live engines
         log.warning("removing %s from the router at %s failed: %s", engine_url, router_url, exc)
 
 
-async def prune(router_url: str, engine_urls: set[str]) -> None:
+async def prune(router_url: str, engine_urls: set[str], secret: str) -> None:
     """Take out of the router every worker that is none of ``engine_urls`` (the job's assigned
     engines): a dead node's engines, which no agent is left to remove, would otherwise stay there
     and hold every weight update waiting for them."""
-    router = RouterClient(router_url)
+    router = RouterClient(router_url, secret=secret)
     try:
         for stale in set(await router.worker_urls()) - engine_urls:
             log.info("engine %s is no longer assigned: taking it out of the router", stale)

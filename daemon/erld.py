@@ -57,6 +57,7 @@ from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.errors import InputError
 from elastic_rl.events import EventLog
+from elastic_rl.jobs import secret_of
 from elastic_rl.net import LOOPBACK
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
@@ -288,6 +289,7 @@ class Erld:
             self.config.advertise_host,
             self.store,
             self.endpoint,
+            await secret_of(self.store, job_id),
             self._events(job_id, workdir),
             self.table,
             self.config.device_cooldown_s,

@@ -9,6 +9,7 @@ from typing import Any
 from checkpoints.discovery import newest_committed_snapshot
 from checkpoints.layout import committed_rollouts, version_after
 from checkpoints.rewind import rewind
+from elastic_rl import job_secret
 from elastic_rl.errors import ElasticRLError, InputError
 from elastic_rl.spec.engines import EnginesSpec
 from elastic_rl.spec.job import JobSpec
@@ -74,11 +75,18 @@ async def submit(store: Store, spec: JobSpec, workdir: Path) -> str:
     await store.delete_prefix(keys.events(job_id))
     await store.delete_prefix(keys.assignments(job_id))
     await store.put(keys.job_spec(job_id), spec.model_dump(mode="json"))
+    await store.put(keys.job_secret(job_id), job_secret.make())
     await store.put(
         keys.job_status(job_id),
         {"phase": "pending", "workdir": str(workdir), "submitted": time.time(), "reason": ""},
     )
     return job_id
+
+
+async def secret_of(store: Store, job_id: str) -> str:
+    """The job's secret (``elastic_rl.job_secret``), made here for a job submitted without one."""
+    await store.create(keys.job_secret(job_id), job_secret.make())
+    return await store.get(keys.job_secret(job_id))
 
 
 async def history(store: Store) -> list[dict[str, Any]]:

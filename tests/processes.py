@@ -13,6 +13,7 @@ from pathlib import Path
 
 from daemon.gpus import node_gpus
 from daemon.plan import device_env
+from elastic_rl import jobenv
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.launcher import start_engine
 from elastic_rl.engines.router import RouterClient, router_command
@@ -54,14 +55,16 @@ class Server:
 
 
 @contextmanager
-def cpu_engines(model_path: Path, count: int, log_dir: Path) -> Iterator[list[Server]]:
+def cpu_engines(model_path: Path, count: int, log_dir: Path, secret: str | None = None) -> Iterator[list[Server]]:
+    """``secret``: the job's secret the engines ask for, as under erld; none by default."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **({jobenv.SECRET: secret} if secret else {})}
     servers = []
     try:
         for index in range(count):
             port = free_port()
             log = open(log_dir / f"engine-{index}-{port}.log", "wb")
-            servers.append(Server(start_engine(EnginesSpec(kind="cpu"), model_path, port, log), port))
+            servers.append(Server(start_engine(EnginesSpec(kind="cpu"), model_path, port, log, env=env), port))
         for server in servers:
             asyncio.run(EngineClient(server.url).wait_healthy(60, server.process))
         yield servers
@@ -71,12 +74,16 @@ def cpu_engines(model_path: Path, count: int, log_dir: Path) -> Iterator[list[Se
 
 
 @contextmanager
-def router(engines: list[Server], log_dir: Path) -> Iterator[Server]:
+def router(engines: list[Server], log_dir: Path, secret: str | None = None) -> Iterator[Server]:
+    """``secret``: the job's secret the router asks for and passes on to the engines; none by default."""
     port = free_port()
     log = open(log_dir / f"router-{port}.log", "wb")
-    server = Server(subprocess.Popen(router_command(port, free_port()), stdout=log, stderr=subprocess.STDOUT), port)
+    env = {**os.environ, **({jobenv.SECRET: secret} if secret else {})}
+    server = Server(
+        subprocess.Popen(router_command(port, free_port()), stdout=log, stderr=subprocess.STDOUT, env=env), port
+    )
     try:
-        client = RouterClient(server.url)
+        client = RouterClient(server.url, secret=secret)
 
         async def register() -> None:
             await client.wait_healthy(60, server.process)

@@ -35,7 +35,7 @@ class EngineAccess:
     def __init__(self, router: RouterClient, direct: DirectEngineClient | None = None):
         self.router = router
         self.direct = direct
-        self._probe = RouterClient(router.base_url, timeout_s=PROBE_TIMEOUT_S, attempts=1)
+        self._probe = RouterClient(router.base_url, timeout_s=PROBE_TIMEOUT_S, attempts=1, secret=router.secret)
         self._router_down = False
         self._last_probe = 0.0
 
@@ -96,7 +96,7 @@ class EngineAccess:
 
     async def abort_on_every_worker(self) -> list[str]:
         """Abort every request the engines hold, on the engines requests go to (``abort_everywhere``)."""
-        return await abort_everywhere(sorted(await self.worker_urls()))
+        return await abort_everywhere(sorted(await self.worker_urls()), self.router.secret)
 
     # --- the router's state ---------------------------------------------------------
 

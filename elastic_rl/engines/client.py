@@ -9,6 +9,9 @@ A client used as ``async with`` keeps one HTTP session, and so its
 connections, for its whole life: the orchestrator sends every generation
 request through one, where a connection per request cost it more CPU than the
 tiny model's generation did. Outside ``async with`` each call opens its own.
+
+Every call carries the job's secret (``elastic_rl.job_secret``): the one
+given, or in a job's process, the one in its environment.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from elastic_rl import job_secret
 from elastic_rl.engines import load_metrics
 from elastic_rl.engines.streaming import Received, event_data
 from elastic_rl.errors import EngineError, EngineRejected
@@ -52,10 +56,13 @@ class EngineClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         attempts: int = 3,
         session: aiohttp.ClientSession | None = None,
+        secret: str | None = None,
     ):
         """``session``: one its owner keeps open across clients; without it (and outside ``async with``)
-        each call opens its own."""
+        each call opens its own. ``secret``: the job's, by default the one in this process's environment."""
         self.base_url = base_url.rstrip("/")
+        self.secret = secret or job_secret.from_environment()
+        self._auth = job_secret.headers(self.secret)
         self.timeout_s = timeout_s
         self.attempts = attempts
         self._session = session
@@ -82,7 +89,7 @@ class EngineClient:
 
     async def _once(self, method: str, url: str, body: dict[str, Any] | None, timeout: aiohttp.ClientTimeout) -> Any:
         data = orjson.dumps(body) if body is not None else None
-        headers = JSON_HEADERS if body is not None else None
+        headers = {**self._auth, **(JSON_HEADERS if body is not None else {})}
         try:
             if self._session is not None:
                 raw, response = await self._send(self._session, method, url, data, headers, timeout)
@@ -160,7 +167,7 @@ class EngineClient:
             async with contextlib.AsyncExitStack() as stack:
                 session = self._session or await stack.enter_async_context(aiohttp.ClientSession())
                 response = await stack.enter_async_context(
-                    session.post(url, data=orjson.dumps(body), headers=JSON_HEADERS, timeout=timeout)
+                    session.post(url, data=orjson.dumps(body), headers={**self._auth, **JSON_HEADERS}, timeout=timeout)
                 )
                 if response.status >= 400:
                     raw = (await response.read())[:500].decode(errors="replace")

@@ -11,6 +11,10 @@ cache and continuous batching. With ``--enable-deterministic-inference``
 (SGLang's flag for the same promise) each sequence runs its own forward
 passes over its own cache, so a seeded request yields the same tokens and log
 probabilities whatever else is being served.
+
+Under erld it asks the job's secret on every path but ``/health*`` and
+``/metrics`` (``elastic_rl.job_secret``), as SGLang does with ``--api-key``;
+it takes the secret from its environment, never from its command line.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.web_log import AccessLogger
 
+from elastic_rl import job_secret
 from elastic_rl.engines import load_metrics
 from elastic_rl.engines.cpu_engine import CpuEngine
 from elastic_rl.engines.sampling import InvalidRequest
@@ -101,7 +106,10 @@ async def _stream(request: web.Request, chunks) -> web.StreamResponse:
     return response
 
 
-def build_app(engine: CpuEngine, server_args: dict[str, Any], incremental_streaming: bool = False) -> web.Application:
+def build_app(
+    engine: CpuEngine, server_args: dict[str, Any], incremental_streaming: bool = False, secret: str | None = None
+) -> web.Application:
+    """``secret``: what every request but a health check or a metrics scrape must carry; None: none."""
     routes = web.RouteTableDef()
 
     @routes.post("/generate")
@@ -216,7 +224,15 @@ def build_app(engine: CpuEngine, server_args: dict[str, Any], incremental_stream
         except InvalidRequest as exc:
             return _error(str(exc))
 
-    app = web.Application(middlewares=[invalid_requests], client_max_size=64 * 1024**2)
+    @web.middleware
+    async def authorized(request: web.Request, handler):
+        if secret is None or job_secret.is_open(request.path):
+            return await handler(request)
+        if not job_secret.carried(request.headers.get(job_secret.AUTHORIZATION), secret):
+            return _error("this engine asks for the job's secret: Authorization: Bearer <secret>", status=401)
+        return await handler(request)
+
+    app = web.Application(middlewares=[authorized, invalid_requests], client_max_size=64 * 1024**2)
     app.add_routes(routes)
     for method in ("GET", "POST"):
         app.router.add_route(method, "/flush_cache", flush_cache)
@@ -288,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     log.info("serving %s on http://%s:%d", args.model_path, args.host, args.port)
     logging.getLogger("aiohttp.server").addFilter(RouterProbeFilter())
     web.run_app(
-        build_app(engine, server_args, args.incremental_streaming_output),
+        build_app(engine, server_args, args.incremental_streaming_output, job_secret.from_environment()),
         host=args.host,
         port=args.port,
         print=None,

@@ -56,6 +56,8 @@ def engine_command(
     command = [
         sys.executable,
         "-m",
+        # SGLang takes the job's secret only as --api-key: this adds it out of sight (keyed_launch).
+        "elastic_rl.engines.keyed_launch",
         "sglang.launch_server",
         "--model-path",
         str(model_path),

@@ -1,8 +1,9 @@
 """The router: sglang-router's own binary in front of the engines, and a client for its worker API.
 
 ``router_command`` builds the argv of ``python -m sglang_router.launch_router``
-bound to loopback with no workers (its Prometheus exporter needs a port of its
-own, or two routers on one machine collide); engines are added and removed at run time
+(through ``keyed_launch``, which gives it the job's secret) bound to loopback
+with no workers (its Prometheus exporter needs a port of its own, or two
+routers on one machine collide); engines are added and removed at run time
 through ``RouterClient`` (``POST /workers``, ``DELETE /workers/{id}``). The
 router retries a request whose engine fails on another engine, so a
 generation survives the death of the engine that was serving it.
@@ -38,6 +39,7 @@ def router_command(
     return [
         sys.executable,
         "-m",
+        "elastic_rl.engines.keyed_launch",  # with the job's secret, kept off the command line
         "sglang_router.launch_router",
         "--host",
         host,
@@ -75,11 +77,15 @@ class RouterClient(EngineClient):
 
     async def abort_on_every_worker(self) -> list[str]:
         """Abort every request the engines behind the router hold (``abort_everywhere``)."""
-        return await abort_everywhere(sorted(await self.worker_urls()))
+        return await abort_everywhere(sorted(await self.worker_urls()), self.secret)
 
     async def add_worker(self, url: str, timeout_s: float = 60.0) -> None:
-        """Register an engine and wait until the router lists it."""
-        await self._call("POST", "/workers", {"url": url})
+        """Register an engine and wait until the router lists it; the router sends the engine the job's
+        secret (sglang-router uses a worker's own key, not its --api-key, with a worker added later)."""
+        worker: dict[str, Any] = {"url": url}
+        if self.secret:
+            worker["api_key"] = self.secret
+        await self._call("POST", "/workers", worker)
         await self._wait_until(lambda urls: url in urls, timeout_s, f"router did not add {url}")
 
     async def remove_worker(self, url: str, timeout_s: float = 30.0) -> None:
@@ -98,7 +104,7 @@ class RouterClient(EngineClient):
         raise EngineError(f"{message} within {timeout_s:.0f}s")
 
 
-async def abort_everywhere(urls: list[str]) -> list[str]:
+async def abort_everywhere(urls: list[str], secret: str | None = None) -> list[str]:
     """Abort every request the engines at ``urls`` hold, on all of them at once; they answer with what
     they generated so far. Returns why each abort that failed did ("url: error").
 
@@ -106,7 +112,8 @@ async def abort_everywhere(urls: list[str]) -> list[str]:
     elsewhere, and a partial rollout aborts again while requests are out).
     """
     outcomes = await asyncio.gather(
-        *(EngineClient(url, attempts=1).abort(abort_all=True) for url in urls), return_exceptions=True
+        *(EngineClient(url, attempts=1, secret=secret).abort(abort_all=True) for url in urls),
+        return_exceptions=True,
     )
     failed = []
     for url, outcome in zip(urls, outcomes):

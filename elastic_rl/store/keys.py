@@ -73,6 +73,10 @@ def job_status(job_id: str) -> str:
     return f"{job(job_id)}status"
 
 
+def job_secret(job_id: str) -> str:
+    return f"{job(job_id)}secret"
+
+
 def job_progress(job_id: str) -> str:
     return f"{job(job_id)}progress"
 

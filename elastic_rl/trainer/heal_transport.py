@@ -8,7 +8,9 @@ transport listens on every interface and unpickles what it receives
 and nothing else, the same rule as for snapshots on disk.
 
 The state is serialised when it is offered, so the trainer may go on
-changing its tensors while a slow peer is still reading.
+changing its tensors while a slow peer is still reading. Under erld a peer
+must carry the job's secret (``elastic_rl.job_secret``): a replica bound to
+its node's advertise host hands its weights to its job's replicas only.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 from torchft.checkpointing.transport import CheckpointTransport
 
+from elastic_rl import job_secret
 from elastic_rl.net import LOOPBACK
 
 
 class LoopbackTransport(CheckpointTransport[dict]):
-    def __init__(self, timeout: timedelta, host: str = LOOPBACK):
+    def __init__(self, timeout: timedelta, host: str = LOOPBACK, secret: str | None = None):
+        """``secret``: what a peer must carry; by default the one in this process's environment."""
         self._timeout = timeout
+        self._secret = secret or job_secret.from_environment()
         self._offered = threading.Condition()
         self._step: int | None = None
         self._payload: bytes | None = None
@@ -35,6 +40,11 @@ class LoopbackTransport(CheckpointTransport[dict]):
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                if transport._secret and not job_secret.carried(
+                    self.headers.get(job_secret.AUTHORIZATION), transport._secret
+                ):
+                    self.send_error(401, "the job's secret is missing: Authorization: Bearer <secret>")
+                    return
                 try:
                     step = int(self.path.rstrip("/").rsplit("/", 1)[-1])
                 except ValueError:
@@ -80,7 +90,8 @@ class LoopbackTransport(CheckpointTransport[dict]):
             self._step, self._payload = None, None
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> dict:
-        with urllib.request.urlopen(f"{metadata}{step}", timeout=timeout.total_seconds()) as response:
+        request = urllib.request.Request(f"{metadata}{step}", headers=job_secret.headers(self._secret))
+        with urllib.request.urlopen(request, timeout=timeout.total_seconds()) as response:
             payload = response.read()
         return torch.load(io.BytesIO(payload), weights_only=True)
 

@@ -64,6 +64,11 @@ def test_who_may_reach_a_secured_etcd(secure_etcd):
     assert asyncio.run(across_a_restart()) == 1
 
 
+async def secret_in_etcd(endpoint: str, job: str) -> str:
+    async with Store(endpoint) as store:
+        return await store.get(keys.job_secret(job))
+
+
 @pytest.mark.timeout(150)
 def test_erld_and_a_job_on_a_secured_etcd(secure_etcd, tmp_path, monkeypatch):
     """erld takes the credentials as options and hands them to the job's processes; `erl` takes
@@ -107,6 +112,13 @@ def test_erld_and_a_job_on_a_secured_etcd(secure_etcd, tmp_path, monkeypatch):
             assert erld.poll() is None, (tmp_path / "erld.log").read_text()[-3000:]
             time.sleep(0.5)
         assert (tmp_path / "job" / "metrics.jsonl").read_text().count("\n") == 3
+        # The job's secret, which its engines and router asked for, is in etcd and nowhere a user reads.
+        secret = asyncio.run(secret_in_etcd(secure_etcd.endpoint, "tiny-grpo"))
+        shown = erl("status", "tiny-grpo", "-o", "json", "--etcd", secure_etcd.endpoint, timeout=60)
+        assert shown.returncode == 0 and "tiny-grpo" in shown.stdout
+        assert secret not in shown.stdout
+        files = [path for path in tmp_path.rglob("*") if path.is_file() and not path.is_relative_to(secure_etcd.root)]
+        assert not [path for path in files if secret.encode() in path.read_bytes()]  # job, erld logs, erld state
 
         monkeypatch.delenv(names.USER_ENV)
         monkeypatch.delenv(names.PASSWORD_FILE_ENV)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import urllib.error
 from datetime import timedelta
 
 import pytest
@@ -64,3 +65,21 @@ def test_objects_other_than_tensors_and_containers_are_refused(transport):
     transport.send_checkpoint([1], step=1, state_dict={"evil": Smuggled()}, timeout=TIMEOUT)
     with pytest.raises(pickle.UnpicklingError):
         transport.recv_checkpoint(0, transport.metadata(), 1, TIMEOUT)
+
+
+def test_a_peer_without_the_jobs_secret_gets_nothing():
+    server = LoopbackTransport(TIMEOUT, secret="the-job-secret")
+    try:
+        server.send_checkpoint([1], step=5, state_dict={"x": torch.ones(3)}, timeout=TIMEOUT)
+        stranger = LoopbackTransport(TIMEOUT)  # no secret in this test's environment
+        peer = LoopbackTransport(TIMEOUT, secret="the-job-secret")
+        try:
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                stranger.recv_checkpoint(0, server.metadata(), 5, TIMEOUT)
+            assert refused.value.code == 401
+            assert torch.equal(peer.recv_checkpoint(0, server.metadata(), 5, TIMEOUT)["x"], torch.ones(3))
+        finally:
+            stranger.shutdown()
+            peer.shutdown()
+    finally:
+        server.shutdown()

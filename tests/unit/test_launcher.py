@@ -32,7 +32,7 @@ def test_sglang_command_passes_extra_args_through():
         extra_args=["--quantization", "fp8", "--speculative-algorithm", "EAGLE"],
     )
     command = engine_command(spec, Path("/w/0"), 30002, deterministic=True)
-    assert command[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert command[:4] == [sys.executable, "-m", "elastic_rl.engines.keyed_launch", "sglang.launch_server"]
     assert command[command.index("--tp-size") + 1] == "2"
     assert command[command.index("--mem-fraction-static") + 1] == "0.7"
     assert command[command.index("--dtype") + 1] == "bfloat16"  # not SGLang's float16 for a float32 checkpoint

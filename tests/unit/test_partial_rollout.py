@@ -229,7 +229,7 @@ class FakeEngineClient:
     most_in_flight = 0
     calls: list[tuple[str, int]] = []
 
-    def __init__(self, url, attempts=3):
+    def __init__(self, url, attempts=3, secret=None):
         self.url, self.attempts = url, attempts
 
     async def abort(self, abort_all=False):
