@@ -317,6 +317,7 @@ class JobAgent:
             now,
             given_up=progress.get("failure", ""),
             other_engines=self._other_engines(proc.name, reported),
+            asked_to_leave=bool(assigned.get(proc.name, {}).get("drain")),
         )
         decision = decide_exit(facts, self.policy)
         if decision.action is ExitAction.SUCCEED_JOB:

@@ -8,6 +8,7 @@ Pure: the facts of one exit in, an action out. The rows:
 | orchestrator, trainer or spare | gave up (77) | fail the job, with the reason it reported |
 | trainer or spare | 0 | done: nothing to do (the orchestrator settles the job) |
 | any | drained (73) | it left its draining node at a safe point: not restarted (the controller places it elsewhere) |
+| any | unknown (adopted from an earlier erld), its assignment asked it to leave | as drained |
 | trainer | rollback (75) | restart at once, from the newest snapshot |
 | trainer | device quarantined (76) | mark the device failed; the replica moves (a warm spare, or free devices) |
 | trainer | other, an idle warm spare exists | the spare takes the replica's place |
@@ -72,6 +73,8 @@ class ExitFacts:
     """Why the orchestrator gave up, as it reported it."""
     other_engines: int = 0
     """An engine's exit: the job's other engines still running."""
+    asked_to_leave: bool = False
+    """Its assignment asks it to leave its draining node at a safe point."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,9 @@ def decide_exit(facts: ExitFacts, policy: RestartPolicy) -> ExitDecision:
         return ExitDecision(ExitAction.FAIL_JOB, reason=f"gave up: {facts.given_up or 'see its log'}")
     if facts.exit_code == EXIT_DRAINED:
         return ExitDecision(ExitAction.DRAINED, reason="left its draining node")
+    if facts.exit_code is None and facts.asked_to_leave:
+        # A process an erld adopted is not its child: its exit code is lost. Asked to leave, it left.
+        return ExitDecision(ExitAction.DRAINED, reason="left its draining node (exit code unknown: adopted)")
     if facts.role in ("trainer", "spare") and facts.exit_code == 0:
         return ExitDecision(ExitAction.DONE)
     if facts.role == "trainer" and facts.exit_code == EXIT_ROLLBACK:

@@ -97,3 +97,10 @@ def test_an_engine_whose_budget_is_spent_is_given_up_while_others_run():
 
 def test_the_last_engine_whose_budget_is_spent_fails_the_job():
     assert decide("engine", -9, restarts=[98.0, 99.0], other_engines=0).action is ExitAction.FAIL_JOB
+
+
+def test_an_adopted_process_asked_to_leave_has_left_though_its_exit_code_is_lost():
+    asked = ExitFacts("trainer", None, False, False, (), 100.0, asked_to_leave=True)
+    assert decide_exit(asked, POLICY).action is ExitAction.DRAINED
+    # Not asked: an exit with no code is a crash like any other.
+    assert decide("trainer", None).action is ExitAction.RESTART
