@@ -1,7 +1,8 @@
-"""What one controller pass works on: the cluster as read from etcd, and the writes a pass makes for a job.
+"""What one controller pass works on: the cluster as erld's mirror has it, and the writes a pass makes for a job.
 
 Shared by the controller (``daemon.controller``), its drain steps (``daemon.draining``), and erld's
-``/metrics`` (``daemon.metrics``), which renders the last cluster read.
+``/metrics`` (``daemon.metrics``), which renders the last cluster read. ``ClusterRecords`` keeps the
+mirror's records parsed, change by change; each pass gets a ``Cluster`` of its own from it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daemon.plan import proc_spec
-from elastic_rl.store.devices import used_slots
+from elastic_rl.store import keys
+from elastic_rl.store.devices import failed_slots, used_slots
 from policies.devices import DeviceKind
 
 
@@ -40,6 +42,80 @@ class Cluster:
     def kinds(self) -> dict[str, DeviceKind]:
         """What each live node's slots are (an erld that says nothing has CPU slots)."""
         return {node: DeviceKind(info.get("kind", DeviceKind.CPU.value)) for node, info in self.nodes.items()}
+
+
+class ClusterRecords:
+    """The mirror's records, parsed as each one changes (a ``store.mirror.Listener``): every pass's
+    ``Cluster`` is a copy of them, with no parsing of the whole keyspace."""
+
+    def __init__(self) -> None:
+        self.statuses: dict[str, dict] = {}
+        self.progress: dict[str, dict] = {}
+        self.reported: dict[str, dict[str, dict]] = {}
+        self.assignments: dict[str, dict[str, dict]] = {}
+        self.nodes: dict[str, dict] = {}
+        self.ledger: dict[str, dict] = {}
+        self.draining: dict[str, dict] = {}
+
+    def reset(self, prefix: str, entries: dict[str, Any]) -> None:
+        cleared = {
+            keys.JOBS: (self.statuses, self.progress, self.reported),
+            keys.ASSIGN: (self.assignments,),
+            keys.NODES: (self.nodes,),
+            keys.LEDGER: (self.ledger,),
+            keys.DRAINS: (self.draining,),
+        }
+        for records in cleared.get(prefix, ()):
+            records.clear()
+        for key, value in entries.items():
+            self.changed(prefix, key, value)
+
+    def changed(self, prefix: str, key: str, value: Any | None) -> None:
+        if prefix == keys.JOBS:
+            job_id = keys.job_id_of(key)
+            if key == keys.job_status(job_id):
+                _set(self.statuses, job_id, value)
+            elif key == keys.job_progress(job_id):
+                _set(self.progress, job_id, value)
+            elif key.startswith(keys.procs(job_id)):
+                _set_in(self.reported, job_id, keys.last_part(key), value)
+        elif prefix == keys.ASSIGN:
+            _set_in(self.assignments, keys.job_id_of(key), keys.last_part(key), value)
+        elif prefix == keys.NODES:
+            _set(self.nodes, key[len(keys.NODES) :], value)
+        elif prefix == keys.LEDGER:
+            _set(self.ledger, key, value)
+        elif prefix == keys.DRAINS:
+            _set(self.draining, key[len(keys.DRAINS) :], value)
+
+    def cluster(self, now: float) -> Cluster:
+        """A pass's own copy (the controller updates its cluster as it decides), failed slots as of ``now``."""
+        return Cluster(
+            dict(self.statuses),
+            {job: dict(procs) for job, procs in self.assignments.items()},
+            dict(self.nodes),
+            {job: dict(procs) for job, procs in self.reported.items()},
+            failed_slots(self.ledger, now),
+            dict(self.progress),
+            dict(self.draining),
+        )
+
+
+def _set(records: dict[str, Any], name: str, value: Any | None) -> None:
+    if value is None:
+        records.pop(name, None)
+    else:
+        records[name] = value
+
+
+def _set_in(records: dict[str, dict[str, Any]], group: str, name: str, value: Any | None) -> None:
+    """``records[group][name] = value``; a group left empty is dropped, as a read of etcd would not find it."""
+    if value is not None:
+        records.setdefault(group, {})[name] = value
+    elif group in records:
+        records[group].pop(name, None)
+        if not records[group]:
+            del records[group]
 
 
 @dataclass

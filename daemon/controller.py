@@ -75,15 +75,27 @@ class NotLeader(Exception):
 
 
 class Controller:
-    def __init__(self, store: Store, node: str, events_for: Callable[[str, Path], EventLog]):
+    def __init__(
+        self,
+        store: Store,
+        node: str,
+        events_for: Callable[[str, Path], EventLog],
+        committed: Callable[[dict[str, Any], tuple[str, ...], int], None] = lambda puts, deletes, revision: None,
+    ):
+        """``committed``: told of every write this controller made, with its revision (erld's mirror
+        applies it at once, so the next pass sees it whether or not the watch has brought it)."""
         self.store = store
+        self.committed = committed
         self.node = node
         self.events_for = events_for
         self.leader_revision = 0
 
     async def _commit(self, puts: dict[str, Any], deletes: set[str] | tuple[str, ...] = ()) -> None:
-        if not await self.store.commit_if(keys.LEADER, self.leader_revision, puts, tuple(sorted(deletes))):
+        deletes = tuple(sorted(deletes))
+        revision = await self.store.commit_if(keys.LEADER, self.leader_revision, puts, deletes)
+        if revision is None:
             raise NotLeader(f"{self.node} is no longer the leader")
+        self.committed(puts, deletes, revision)
 
     async def tick(self, cluster: Cluster) -> None:
         in_order = sorted(cluster.statuses, key=lambda job_id: cluster.statuses[job_id].get("submitted", 0))

@@ -46,7 +46,7 @@ import orjson
 import psutil
 
 from daemon.agent import TERMINAL_PHASES, JobAgent
-from daemon.cluster import Cluster
+from daemon.cluster import Cluster, ClusterRecords
 from daemon.controller import Controller, NotLeader
 from daemon.metrics import MetricsServer
 from daemon.notify import SystemdNotifier, child_environment
@@ -62,15 +62,18 @@ from elastic_rl.net import LOOPBACK
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import LeaseExpired, Store, StoreUnavailable
-from elastic_rl.store.devices import ACTIVE_PHASES, all_assignments, failed_slots, ledger, live_nodes
-from elastic_rl.store.drains import drains, start_drain
+from elastic_rl.store.devices import ACTIVE_PHASES
+from elastic_rl.store.drains import start_drain
 from elastic_rl.store.embedded import EmbeddedEtcd
+from elastic_rl.store.mirror import Mirror
 from policies.devices import DeviceKind
 
 log = logging.getLogger("erld")
 
 DEFAULT_LEASE_TTL_S = 10
 LOOP_INTERVAL_S = 0.5
+MIRRORED = (keys.JOBS, keys.ASSIGN, keys.NODES, keys.LEDGER, keys.DRAINS, keys.LEADER)
+"""What a pass reads: erld keeps these prefixes in memory, each followed by one watch (``store.mirror``)."""
 
 
 class NodeTaken(InputError):
@@ -124,7 +127,9 @@ class Erld:
         self.notifier = SystemdNotifier()
         self.table = ProcessTable(self.node)
         self.agents: dict[str, JobAgent] = {}
-        self.controller = Controller(store, self.node, self._events)
+        self.records = ClusterRecords()
+        self.mirror = Mirror(store, MIRRORED, self.records)
+        self.controller = Controller(store, self.node, self._events, self.mirror.applied)
         self.lease = None
         self.renewed = 0.0
         self.leading = False
@@ -220,41 +225,26 @@ class Erld:
         except NodeTaken as taken:
             log.error("%s; stopping", taken)
             self.stopping.set()
-        except StoreUnavailable as exc:
+        except Exception as exc:  # etcd unreachable, or the new lease gone before the name was taken
             log.warning("rejoining failed (%s); the next pass tries again", exc)
 
     async def is_leader(self) -> bool:
-        if await self.store.create(keys.LEADER, self.node, lease=self.lease):
-            log.info("%s is the leader", self.node)
-        leader, revision = await self.store.get_with_revision(keys.LEADER)
+        """Whether this erld leads, as the mirror has the leader key; with none, try to take it. A stale
+        mirror errs safely: every write of the controller is conditional on the key's revision."""
+        leader, revision = self.mirror.get_with_revision(keys.LEADER)
+        if leader is None:
+            if await self.store.create(keys.LEADER, self.node, lease=self.lease):
+                log.info("%s is the leader", self.node)
+            leader, revision = await self.store.get_with_revision(keys.LEADER)
         self.leading = leader == self.node
         self.controller.leader_revision = revision if self.leading else 0
         return self.leading
 
     # --- one pass -----------------------------------------------------------------
 
-    async def read_cluster(self) -> Cluster:
-        jobs = await self.store.get_prefix(keys.JOBS)
-        statuses: dict[str, dict] = {}
-        progress: dict[str, dict] = {}
-        reported: dict[str, dict[str, dict]] = {}
-        for key, value in jobs.items():
-            job_id = keys.job_id_of(key)
-            if key == keys.job_status(job_id):
-                statuses[job_id] = value
-            elif key == keys.job_progress(job_id):
-                progress[job_id] = value
-            elif key.startswith(keys.procs(job_id)):
-                reported.setdefault(job_id, {})[keys.last_part(key)] = value
-        return Cluster(
-            statuses,
-            await all_assignments(self.store),
-            await live_nodes(self.store),
-            reported,
-            failed_slots(await ledger(self.store), time.time()),
-            progress,
-            await drains(self.store),
-        )
+    def read_cluster(self) -> Cluster:
+        """The cluster as the mirror has it: memory, no etcd request."""
+        return self.records.cluster(time.time())
 
     async def agent_pass(self, cluster: Cluster) -> None:
         local_jobs = {job for job, _ in self.table.procs}
@@ -332,8 +322,11 @@ class Erld:
             f"{self.config.devices} {slots} slots"
         )
 
-    async def run(self) -> None:
+    async def start(self) -> asyncio.Task:
+        """Join, take over what a previous erld on this node left, serve /metrics; returns the lease's
+        keep-alive task."""
         await self.join()
+        await self.mirror.start()
         await self.announce_adopted(self.table.adopt(self.load_state()))
         ended = self.pool.end_leftovers({proc.pid for proc in self.table.procs.values()})
         if ended:
@@ -342,27 +335,40 @@ class Erld:
         await self.metrics.start()
         self.notifier.ready(self.summary())
         log.info("erld on %s ready (etcd %s)", self.node, self.endpoint)
+        return keep_alive
+
+    async def run(self) -> None:
+        keep_alive = await self.start()
         while not self.stopping.is_set():
-            if self.lease_may_have_expired():
-                await self.fence_and_rejoin()
-            try:
-                cluster = await self.read_cluster()
-                await self.drain_before_stopping(cluster)
-                if await self.is_leader():
-                    await self.controller.tick(cluster)
-                await self.agent_pass(cluster)
-                self.metrics.observe(cluster)
-            except NotLeader as exc:
-                log.warning("%s", exc)
-            except StoreUnavailable as exc:
-                log.warning("etcd unreachable this pass: %s", exc)
-            self.save_state()
-            self.pool.fill()  # after the pass: an interpreter it took is replaced in the background
-            self.notifier.watchdog()
-            self.notifier.status(self.summary())
+            await self.one_pass()
             await self.until_next_pass()
         keep_alive.cancel()
+        await self.mirror.stop()
         await self.shutdown()
+
+    async def one_pass(self) -> None:
+        """Read the cluster, decide as the leader if this erld leads, run this node's processes."""
+        if self.lease_may_have_expired():
+            await self.fence_and_rejoin()
+        try:
+            cluster = self.read_cluster()
+            await self.drain_before_stopping(cluster)
+            if await self.is_leader():
+                await self.controller.tick(cluster)
+            await self.agent_pass(cluster)
+            self.metrics.observe(cluster)
+        except NotLeader as exc:
+            log.warning("%s", exc)
+        except StoreUnavailable as exc:
+            log.warning("etcd unreachable this pass: %s", exc)
+        except Exception:
+            # A pass that fails for another reason (etcd refusing a request, say) is logged and the next
+            # pass starts afresh: erld's loop never ends on one.
+            log.exception("node %s: this pass failed", self.node)
+        self.save_state()
+        self.pool.fill()  # after the pass: an interpreter it took is replaced in the background
+        self.notifier.watchdog()
+        self.notifier.status(self.summary())
 
     async def until_next_pass(self) -> None:
         """LOOP_INTERVAL_S, or less: a child's exit (SIGCHLD, ``child_exited``) or a stop begins the next

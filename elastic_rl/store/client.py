@@ -7,6 +7,8 @@ retried (``elastic_rl.retry``); after the last attempt ``StoreUnavailable``
 names the endpoints. Values are JSON (orjson, sorted keys). ``commit_if`` is
 the one multi-key write: several puts and deletes, done together only while a
 guard key is still the one the caller saw (the controller's fencing).
+``read_prefix`` and ``watch_prefix`` give a prefix at a revision and every
+change after it, for a copy kept current by one watch (``store.mirror``).
 
 A secured etcd (``https://`` members, etcd's auth) is reached with the credentials of
 ``store.credentials``, by default the ones the process's environment names. When etcd no longer
@@ -20,7 +22,8 @@ import asyncio
 import contextlib
 import contextvars
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
@@ -35,6 +38,9 @@ from elastic_rl.retry import with_retries
 from elastic_rl.store.credentials import EtcdCredentials
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:2379"
+MAX_TXN_OPS = 128
+"""etcd's default --max-txn-ops: a transaction with more operations is refused."""
+_DELETED = object()
 _TRANSIENT = (
     etcd_errors.ConnectionFailedError,
     etcd_errors.ConnectionTimeoutError,
@@ -45,6 +51,21 @@ _TRANSIENT = (
 
 class StoreUnavailable(ElasticRLError):
     """etcd did not answer."""
+
+
+class WatchBroken(ElasticRLError):
+    """A watch ended: its member went away, its revision was compacted, or its stream failed."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key's change, as a watch reports it."""
+
+    key: str
+    value: Any | None
+    """The new value; None: the key was deleted."""
+    revision: int
+    """The revision of the change (a deletion's too)."""
 
 
 class StoreAccessDenied(InputError):
@@ -222,18 +243,54 @@ class Store:
         found = await self._call(lambda client: client.get_prefix(prefix.encode()))
         return {kv.key.decode(): orjson.loads(kv.value) for kv in found}
 
+    async def read_prefix(self, prefix: str) -> tuple[dict[str, tuple[Any, int]], int]:
+        """Every key under ``prefix`` with its value and mod revision, and the revision of the read."""
+        found = await self._call(lambda client: client.get_prefix(prefix.encode()))
+        return {kv.key.decode(): (orjson.loads(kv.value), kv.mod_revision) for kv in found}, found.header.revision
+
+    async def watch_prefix(self, prefix: str, after_revision: int) -> AsyncIterator[Change]:
+        """Every change under ``prefix`` after ``after_revision``, in order, until the watch breaks
+        (``WatchBroken``). One watch for the whole prefix, on the client's one watch stream."""
+        try:
+            watch = await asyncio.wait_for(
+                self._client.watch_prefix(prefix.encode(), start_revision=after_revision + 1), self.timeout_s
+            )
+        except (etcd_errors.ClientError, asyncio.TimeoutError) as exc:
+            raise WatchBroken(f"watching {prefix} failed: {type(exc).__name__}: {exc}") from exc
+        try:
+            async for event in watch:
+                deleted = event.kind == aetcd.EventKind.DELETE
+                yield Change(
+                    event.kv.key.decode(), None if deleted else orjson.loads(event.kv.value), event.kv.mod_revision
+                )
+        except etcd_errors.ClientError as exc:
+            raise WatchBroken(f"the watch on {prefix} broke: {type(exc).__name__}: {exc}") from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(watch.cancel(), self.timeout_s)
+        raise WatchBroken(f"the watch on {prefix} ended")
+
     async def put(self, key: str, value: Any, lease: aetcd.Lease | None = None) -> None:
         await self._call(lambda client: client.put(key.encode(), _encode(value), lease=lease))
 
     async def _transaction(self, compare, success) -> bool:
-        """One etcd transaction, built against whichever member the call reaches."""
+        return await self._transaction_at(compare, success) is not None
+
+    async def _transaction_at(self, compare, success) -> int | None:
+        """One etcd transaction, built against whichever member the call reaches: the revision it
+        wrote at (0 for one with nothing to write), or None when its compare failed."""
 
         def run(client: aetcd.Client):
             tx = client.transactions
             return client.transaction(compare=compare(tx), success=success(tx), failure=[])
 
-        succeeded, _ = await self._call(run)
-        return succeeded
+        succeeded, responses = await self._call(run)
+        if not succeeded:
+            return None
+        if not responses:
+            return 0
+        first = responses[0]
+        return getattr(first, first.WhichOneof("response")).header.revision
 
     async def create(self, key: str, value: Any, lease: aetcd.Lease | None = None) -> bool:
         """Put ``key`` only if it does not exist (create_revision == 0); True if this call created it."""
@@ -251,16 +308,30 @@ class Store:
 
     async def commit_if(
         self, guard: str, guard_revision: int, puts: dict[str, Any], deletes: tuple[str, ...] = ()
-    ) -> bool:
-        """Every put and delete at once, only while ``guard`` still has ``guard_revision`` as its mod
-        revision (never changed since the caller read it); True if they were done."""
-        return await self._transaction(
-            lambda tx: [tx.mod(guard.encode()) == guard_revision],
-            lambda tx: (
-                [tx.put(key.encode(), _encode(value)) for key, value in puts.items()]
-                + [tx.delete(key.encode()) for key in deletes]
-            ),
-        )
+    ) -> int | None:
+        """Every put and delete, only while ``guard`` still has ``guard_revision`` as its mod revision
+        (never changed since the caller read it): the revision they were written at, None if they
+        were not.
+
+        One transaction holds at most ``MAX_TXN_OPS`` of them (etcd's default ``--max-txn-ops``): more
+        go in several, in the order given (puts, then deletes), each under the same guard. A guard
+        that changes between two of them leaves the first done and the rest not: a caller puts first
+        what makes the others' absence repairable (the controller: a job's status before its
+        assignments, so a new leader places what is missing)."""
+        operations = list(puts.items()) + [(key, _DELETED) for key in deletes]
+        revision = None
+        for start in range(0, max(len(operations), 1), MAX_TXN_OPS):
+            chunk = operations[start : start + MAX_TXN_OPS]
+            revision = await self._transaction_at(
+                lambda tx: [tx.mod(guard.encode()) == guard_revision],
+                lambda tx, chunk=chunk: [
+                    tx.delete(key.encode()) if value is _DELETED else tx.put(key.encode(), _encode(value))
+                    for key, value in chunk
+                ],
+            )
+            if revision is None:
+                return None
+        return revision
 
     async def modify(self, key: str, change: Callable[[Any], Any], attempts: int = 20) -> Any:
         """Read-modify-write ``key`` conditional on its mod revision; returns the value written.

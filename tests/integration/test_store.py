@@ -9,6 +9,7 @@ import pytest
 from elastic_rl.net import free_port
 from elastic_rl.store.client import Store, StoreUnavailable
 from elastic_rl.store.embedded import EmbeddedEtcd
+from elastic_rl.store.mirror import Mirror
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -53,3 +54,67 @@ def test_unreachable_etcd_names_the_endpoint():
 
     with pytest.raises(StoreUnavailable, match=endpoint):
         asyncio.run(scenario())
+
+
+async def until(condition, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "not within the time"
+        await asyncio.sleep(0.02)
+
+
+def test_a_mirror_follows_its_prefixes_and_writes_applied_ahead_of_the_watch(etcd):
+    async def scenario():
+        async with Store(etcd.endpoint) as writer, Store(etcd.endpoint) as reader:
+            await writer.put("/erl/jobs/a/status", {"phase": "pending"})
+            await writer.put("/erl/other/x", 1)  # not mirrored
+            mirror = Mirror(reader, ("/erl/jobs/", "/erl/leader"))
+            await mirror.start()
+            try:
+                assert mirror.get_prefix("/erl/jobs/") == {"/erl/jobs/a/status": {"phase": "pending"}}
+                await writer.put("/erl/jobs/a/status", {"phase": "running"})
+                await writer.put("/erl/jobs/b/status", {"phase": "pending"})
+                await writer.delete("/erl/jobs/b/status")
+                await writer.put("/erl/leader", "node-0")
+                await until(lambda: mirror.get_with_revision("/erl/leader")[0] == "node-0")
+                assert mirror.get_prefix("/erl/jobs/a/") == {"/erl/jobs/a/status": {"phase": "running"}}
+
+                # A write this process made, applied at its revision: the older changes the watch still
+                # brings afterwards do not undo it, nor bring back a key it deleted.
+                value, revision = mirror.get_with_revision("/erl/jobs/a/status")
+                mirror.applied({"/erl/jobs/a/status": {"phase": "stopped"}}, ("/erl/leader",), revision + 100)
+                mirror._apply("/erl/jobs/", "/erl/jobs/a/status", {"phase": "running"}, revision + 1)
+                mirror._apply("/erl/leader", "/erl/leader", "node-1", revision + 2)
+                assert mirror.get_prefix("/erl/jobs/") == {"/erl/jobs/a/status": {"phase": "stopped"}}
+                assert mirror.get_with_revision("/erl/leader") == (None, 0)
+                assert mirror.watches == 2
+            finally:
+                await mirror.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_mirror_reads_afresh_when_its_watch_breaks(tmp_path):
+    port = free_port()
+    etcd = EmbeddedEtcd(tmp_path, client_port=port)
+
+    async def scenario():
+        await etcd.start()
+        async with Store(etcd.endpoint, timeout_s=1.0) as writer, Store(etcd.endpoint, timeout_s=1.0) as reader:
+            mirror = Mirror(reader, ("/erl/nodes/",))
+            await mirror.start()
+            try:
+                await writer.put("/erl/nodes/a", 1)
+                await until(lambda: "/erl/nodes/a" in mirror.get_prefix("/erl/nodes/"))
+                etcd.stop()  # the watch's stream breaks
+                await EmbeddedEtcd(tmp_path, client_port=port).start()
+                await writer.put("/erl/nodes/b", 2)
+                await until(lambda: mirror.get_prefix("/erl/nodes/") == {"/erl/nodes/a": 1, "/erl/nodes/b": 2}, 30)
+                return mirror.resyncs
+            finally:
+                await mirror.stop()
+
+    try:
+        assert asyncio.run(scenario()) >= 1
+    finally:
+        EmbeddedEtcd(tmp_path, client_port=port).stop()

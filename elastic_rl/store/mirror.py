@@ -1,0 +1,144 @@
+"""A copy of a few etcd prefixes, kept current by one watch per prefix: what erld reads on every pass.
+
+Each prefix is read once (``Store.read_prefix``) and then followed by a watch
+that starts at the revision after that read, so no change falls between them,
+and etcd sends a watch's changes in revision order. A pass then reads memory,
+not etcd: a thousand erlds cost etcd their changes, not a read of the
+keyspace each every half second.
+
+A watch that breaks (its member gone, its revision compacted, its stream
+failed) is replaced by a fresh read and a new watch. What this process
+writes itself can be applied at once with the revision it was written at
+(``applied``), so its next pass sees it even before the watch brings it; a
+change older than what a key already holds, or than its deletion applied
+so, is then ignored when the watch delivers it. A ``listener`` hears of every
+prefix read and every change applied, so it can keep its own view (erld's
+parsed cluster, ``daemon.cluster.ClusterRecords``) current change by change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Protocol
+
+from elastic_rl.store.client import Store, StoreUnavailable, WatchBroken
+
+log = logging.getLogger("elastic_rl.store.mirror")
+
+RESYNC_PAUSE_S = 0.5
+
+
+class Listener(Protocol):
+    def reset(self, prefix: str, entries: dict[str, Any]) -> None:
+        """``prefix`` was read afresh: these are all its keys now."""
+
+    def changed(self, prefix: str, key: str, value: Any | None) -> None:
+        """``key`` under ``prefix`` changed (None: deleted)."""
+
+
+class Mirror:
+    def __init__(self, store: Store, prefixes: tuple[str, ...], listener: Listener | None = None):
+        self.store = store
+        self.prefixes = prefixes
+        self.listener = listener
+        self._entries: dict[str, dict[str, tuple[Any, int]]] = {prefix: {} for prefix in prefixes}
+        """Prefix -> key -> (value, mod revision)."""
+        self._deleted: dict[str, int] = {}
+        """Keys this process deleted, at the revision of the deletion, until their watch catches up."""
+        self._followers: list[asyncio.Task] = []
+        self.resyncs = 0
+        """How many times a broken watch was replaced by a fresh read."""
+
+    async def start(self) -> None:
+        """Read every prefix (``StoreUnavailable`` if etcd does not answer) and start following them."""
+        revisions = {prefix: await self._load(prefix) for prefix in self.prefixes}
+        self._followers = [
+            asyncio.create_task(self._follow(prefix, revision), name=f"mirror {prefix}")
+            for prefix, revision in revisions.items()
+        ]
+
+    def cancel(self) -> None:
+        """Stop following, at once."""
+        for follower in self._followers:
+            follower.cancel()
+
+    async def stop(self) -> None:
+        self.cancel()
+        for follower in self._followers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+
+    async def _load(self, prefix: str) -> int:
+        found, revision = await self.store.read_prefix(prefix)
+        self._entries[prefix] = found
+        if self.listener is not None:
+            self.listener.reset(prefix, {key: value for key, (value, _) in found.items()})
+        for key in [key for key, deleted in self._deleted.items() if key.startswith(prefix) and deleted <= revision]:
+            del self._deleted[key]
+        return revision
+
+    async def _follow(self, prefix: str, revision: int) -> None:
+        while True:
+            try:
+                async for change in self.store.watch_prefix(prefix, revision):
+                    self._apply(prefix, change.key, change.value, change.revision)
+            except WatchBroken as exc:
+                log.info("%s; reading %s afresh", exc, prefix)
+            while True:
+                await asyncio.sleep(RESYNC_PAUSE_S)
+                try:
+                    revision = await self._load(prefix)
+                    break
+                except StoreUnavailable as exc:
+                    log.warning("re-reading %s failed (%s); trying again", prefix, exc)
+            self.resyncs += 1
+
+    def _apply(self, prefix: str, key: str, value: Any | None, revision: int) -> None:
+        entries = self._entries[prefix]
+        held = entries.get(key)
+        if held is not None and held[1] > revision:
+            return  # a newer value this process wrote is already here
+        if self._deleted.get(key, 0) > revision:
+            return  # this process deleted it after this change
+        self._deleted.pop(key, None)
+        if value is None:
+            entries.pop(key, None)
+        else:
+            entries[key] = (value, revision)
+        if self.listener is not None:
+            self.listener.changed(prefix, key, value)
+
+    def applied(self, puts: dict[str, Any], deletes: tuple[str, ...] | set[str], revision: int) -> None:
+        """Writes this process made at ``revision``, applied before their watch brings them."""
+        for key, value in puts.items():
+            prefix = self._prefix_of(key)
+            if prefix is not None:
+                self._apply(prefix, key, value, revision)
+        for key in deletes:
+            prefix = self._prefix_of(key)
+            if prefix is not None:
+                self._apply(prefix, key, None, revision)
+                self._deleted[key] = revision
+
+    def _prefix_of(self, key: str) -> str | None:
+        return next((prefix for prefix in self.prefixes if key.startswith(prefix)), None)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def get_prefix(self, prefix: str) -> dict[str, Any]:
+        """Key -> value under ``prefix``, which is one of the mirrored prefixes or lies inside one."""
+        outer = self._prefix_of(prefix)
+        if outer is None:
+            raise KeyError(f"{prefix} is not mirrored")
+        return {key: value for key, (value, _) in self._entries[outer].items() if key.startswith(prefix)}
+
+    def get_with_revision(self, key: str) -> tuple[Any | None, int]:
+        """A key's value and mod revision (None, 0 when absent), as ``Store.get_with_revision``."""
+        held = self._entries[self._prefix_of(key)].get(key)
+        return (None, 0) if held is None else held
+
+    @property
+    def watches(self) -> int:
+        return len(self._followers)

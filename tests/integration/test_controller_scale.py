@@ -1,0 +1,96 @@
+"""The controller at 100 nodes: simulated erlds (real erld code, fake processes) against a real etcd.
+
+The figures at 10 to 1,000 nodes come from ``bench/controller_scale.py``; this checks what they rest on:
+a job of 512 processes placed (more than one etcd transaction holds), a node's death re-placed, and
+nothing left behind of the dead node or of the stopped job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+
+import pytest
+
+from daemon.plan import SERVICES, proc_spec
+from daemon.simulation import SimulatedCluster
+from elastic_rl import jobs
+from elastic_rl.net import free_port
+from elastic_rl.spec.loading import load_spec
+from elastic_rl.store import keys
+from elastic_rl.store.devices import assignment_slots
+from elastic_rl.store.embedded import EmbeddedEtcd
+from tests.processes import SPEC
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+REPLICAS = 254  # 508 trainer ranks (TP=2), an engine and three services: 512 processes
+LEASE_TTL_S = 3
+
+
+def test_a_512_process_job_on_100_nodes_survives_a_node_death_and_leaves_nothing(tmp_path, caplog):
+    caplog.set_level(logging.CRITICAL)  # the fake processes serve nothing: the agents' HTTP calls fail
+    spec = load_spec(
+        SPEC,
+        [
+            "name=big",
+            f"trainer.replicas={REPLICAS}",
+            "trainer.tensor_parallel=2",
+            "trainer.micro_batch_size=16",
+            f"trainer.global_batch_size={REPLICAS * 16}",
+            f"rollout.prompts_per_rollout={REPLICAS}",
+            "engines.count=1",
+        ],
+    )
+    processes = 2 * REPLICAS + 4
+    etcd = EmbeddedEtcd(tmp_path / "etcd", client_port=free_port())
+
+    async def scenario():
+        await etcd.start()
+        async with SimulatedCluster(etcd.endpoint, 100, tmp_path / "erlds", lease_ttl_s=LEASE_TTL_S) as cluster:
+            store = cluster.observer
+            await jobs.submit(store, spec, tmp_path / "work")
+            await cluster.placed("big", processes, 60)
+            await cluster.running("big", processes, 60)
+            before = await cluster.assignments("big")
+
+            leader = await store.get(keys.LEADER)
+            services = {a["node"] for name, a in before.items() if proc_spec(name).group == SERVICES}
+            dead = next(a["node"] for a in before.values() if a["node"] not in services | {leader})
+            on_dead = {name for name, a in before.items() if a["node"] == dead}
+            cluster.crash(dead)
+            await cluster.node_gone(dead, 30)
+            await cluster.replaced("big", dead, on_dead, 30)
+            after = await cluster.assignments("big")
+            status = await store.get(keys.job_status("big"))
+            await asyncio.sleep(LEASE_TTL_S)  # the dead node's process records went with its lease
+            reported = await store.get_prefix(keys.procs("big"))
+
+            await jobs.stop(store, "big")
+
+            async def nothing_left() -> bool:
+                running = [r for r in (await store.get_prefix(keys.procs("big"))).values() if r["state"] == "running"]
+                assigned = await store.get_prefix(keys.assignments("big"))
+                return await _phase_is(store, "stopped") and not assigned and not running
+
+            await cluster.until(nothing_left, 60, "the job stopped, its assignments gone, none of it running")
+            return before, after, on_dead, dead, status, reported
+
+    try:
+        before, after, on_dead, dead, status, reported = asyncio.run(scenario())
+    finally:
+        etcd.stop()
+    assert len(before) == processes and len(after) == processes
+    assert status["phase"] == "running"
+    assert on_dead and all(after[name]["node"] != dead for name in on_dead)
+    # The others kept their places: only the dead node's processes moved.
+    assert {name for name in before if after[name] != before[name]} == on_dead
+    # No slot is given twice.
+    held = Counter((a["node"], slot) for a in after.values() for slot in assignment_slots(a))
+    assert max(held.values()) == 1
+    assert not [record for record in reported.values() if record.get("node") == dead]
+
+
+async def _phase_is(store, phase: str) -> bool:
+    return (await store.get(keys.job_status("big")))["phase"] == phase
