@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 SMOLLM2 := models/smollm2-135m-instruct
 
-.PHONY: setup models run smollm2 demo lint test chaos etcd clean
+.PHONY: setup models run smollm2 demo lint test chaos etcd slurm clean
 
 setup: $(INSTALLED) etcd
 
@@ -61,6 +61,13 @@ test: setup models lint
 # The TP=2 replica kill, and GSPO and REINFORCE++ learning the tiny task, run in make test.
 chaos: setup models
 	$(PY) -m pytest -m chaos tests
+
+# The tiny job under Slurm on this machine (root, Debian): installs slurm-wlm and munge if missing,
+# starts slurmctld and three slurmds (node names erl-1..3), sbatches deploy/slurm/elastic-rl.sbatch,
+# waits for it, then stops the daemons. Not part of `make test`. See deploy/slurm/README.md.
+slurm: setup
+	deploy/slurm/local-cluster.sh start 3
+	deploy/slurm/local-cluster.sh run examples/tiny-grpo.yaml; rc=$$?; deploy/slurm/local-cluster.sh stop; exit $$rc
 
 clean:
 	rm -rf $(VENV) runs models .pytest_cache
