@@ -5,8 +5,9 @@
 Two real etcd members on loopback, one plain and one secured as a shared cluster runs it (TLS,
 client certificates required, auth on, a password user: tests/secure_etcd.py). For each, in
 alternating rounds: `erl list` as a user runs it (a fresh CLI process: its connection and sign-in
-included), a Store call (a put and a get on an open client), and the read each erld's main loop
-makes every pass (the whole /erl/ keyspace, populated with 2,000 keys as a large cluster's).
+included), a Store call (a put and a get on an open client), and a read of the whole /erl/
+keyspace, populated with 2,000 keys as a large cluster's (what each erld's pass read before it kept
+a watched copy; now its start, and a broken watch's resync).
 Prints the medians and secured / plain ratios.
 """
 
