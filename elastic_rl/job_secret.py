@@ -31,7 +31,7 @@ erld, the router and Prometheus probe them."""
 
 
 def make() -> str:
-    return secrets.token_urlsafe(32)
+    return secrets.token_hex(32)
 
 
 def from_environment() -> str | None:

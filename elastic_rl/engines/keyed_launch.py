@@ -24,13 +24,12 @@ from collections.abc import Callable
 
 from elastic_rl import job_secret
 
+# ``--flag=value``: a value that starts with "-" is still the flag's, not an option of its own.
 SECRET_FLAGS: dict[str, Callable[[str], list[str]]] = {
-    "sglang.launch_server": lambda secret: ["--api-key", secret],
+    "sglang.launch_server": lambda secret: [f"--api-key={secret}"],
     "sglang_router.launch_router": lambda secret: [
-        "--api-key",
-        secret,
-        "--control-plane-api-keys",
-        f"erld:elastic-rl:admin:{secret}",
+        f"--api-key={secret}",
+        f"--control-plane-api-keys=erld:elastic-rl:admin:{secret}",
     ],
 }
 

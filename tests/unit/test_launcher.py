@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from elastic_rl import jobenv
+from elastic_rl.engines.keyed_launch import keyed_argv
 from elastic_rl.engines.launcher import engine_command, engine_env
 from elastic_rl.spec.engines import EnginesSpec
 
@@ -47,3 +48,16 @@ def test_an_sglang_engine_health_is_liveness_only():
     # and the router, which polls it, would take a loading engine for a dead one.
     assert engine_env(EnginesSpec.model_construct(kind="sglang")) == {jobenv.SGLANG_HEALTH_GENERATION: "0"}
     assert engine_env(EnginesSpec(kind="cpu")) == {}
+
+
+def test_the_router_takes_the_jobs_secret_as_its_keys_whatever_its_first_character():
+    # sglang-router's own parser; a secret made before token_hex could start with "-".
+    from sglang_router.launch_router import parse_router_args
+
+    for secret in ("-starts-with-a-dash", "0123abcd"):
+        module, *args = keyed_argv("sglang_router.launch_router", ["--port", "30000"], secret)
+        parsed = parse_router_args(args)
+        assert module == "sglang_router.launch_router"
+        assert parsed.api_key == secret
+        assert parsed.control_plane_api_keys == [("erld", "elastic-rl", secret, "admin")]
+    assert keyed_argv("sglang.launch_server", ["--port", "1"], None) == ["sglang.launch_server", "--port", "1"]
