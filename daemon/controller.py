@@ -1,8 +1,9 @@
 """The controller: the leader erld's decisions about where every job process runs.
 
-Each pass it reads the cluster from etcd (jobs, assignments, live nodes, the
-device ledger, what the agents report) and writes assignments, one per
-process: node, the node's advertise host, device slot, port, generation.
+Each pass it reads the cluster as erld's watched copy of etcd has it (jobs,
+assignments, live nodes, the device ledger, what the agents report) and
+writes assignments, one per process: node, the node's advertise host, device
+slot, port, generation.
 
 - A pending job is placed whole (``policies.placement``), or waits with the
   reason in its status.

@@ -10,7 +10,8 @@ processes. A node's device slots are CPU slots (``--cpu-devices N``) or its
 GPUs (``--gpus all`` or ``--gpus N``, found through NVML, ``daemon.gpus``);
 the node record says which, and each process runs on its slots by the device
 rule (``policies.devices``). Every erld, the leader too, is an agent (``daemon.agent``): it
-runs exactly the processes assigned to its node. With no ``--etcd`` it starts
+runs exactly the processes assigned to its node. A pass reads the cluster from memory: erld
+keeps the prefixes it needs, each followed by one etcd watch (``elastic_rl.store.mirror``). With no ``--etcd`` it starts
 an embedded etcd under its state dir.
 
 An agent that cannot renew its lease fences itself: once the lease may have
@@ -323,8 +324,8 @@ class Erld:
         )
 
     async def start(self) -> asyncio.Task:
-        """Join, take over what a previous erld on this node left, serve /metrics; returns the lease's
-        keep-alive task."""
+        """Join, start following the cluster (the mirror), take over what a previous erld on this node
+        left, serve /metrics; returns the lease's keep-alive task."""
         await self.join()
         await self.mirror.start()
         await self.announce_adopted(self.table.adopt(self.load_state()))

@@ -86,6 +86,8 @@ class Mirror:
                     self._apply(prefix, change.key, change.value, change.revision)
             except WatchBroken as exc:
                 log.info("%s; reading %s afresh", exc, prefix)
+            except Exception:  # whatever else ended it, the copy must not go stale: read afresh
+                log.exception("following %s failed; reading it afresh", prefix)
             while True:
                 await asyncio.sleep(RESYNC_PAUSE_S)
                 try:
