@@ -5,8 +5,9 @@ The endpoint may list several members of one etcd cluster, comma-separated
 unreachable is retried on the next one. Every call has a timeout and is
 retried (``elastic_rl.retry``); after the last attempt ``StoreUnavailable``
 names the endpoints. Values are JSON (orjson, sorted keys). ``commit_if`` is
-the one multi-key write: several puts and deletes, done together only while a
-guard key is still the one the caller saw (the controller's fencing).
+the one multi-key write: several puts and deletes, done together (in
+transactions of at most etcd's 128 operations) only while a guard key is
+still the one the caller saw (the controller's fencing).
 ``read_prefix`` and ``watch_prefix`` give a prefix at a revision and every
 change after it, for a copy kept current by one watch (``store.mirror``).
 
@@ -310,8 +311,8 @@ class Store:
         self, guard: str, guard_revision: int, puts: dict[str, Any], deletes: tuple[str, ...] = ()
     ) -> int | None:
         """Every put and delete, only while ``guard`` still has ``guard_revision`` as its mod revision
-        (never changed since the caller read it): the revision they were written at, None if they
-        were not.
+        (never changed since the caller read it): the revision they were written at (split, the first
+        transaction's: no write of theirs is older), None if they were not.
 
         One transaction holds at most ``MAX_TXN_OPS`` of them (etcd's default ``--max-txn-ops``): more
         go in several, in the order given (puts, then deletes), each under the same guard. A guard
@@ -319,7 +320,7 @@ class Store:
         what makes the others' absence repairable (the controller: a job's status before its
         assignments, so a new leader places what is missing)."""
         operations = list(puts.items()) + [(key, _DELETED) for key in deletes]
-        revision = None
+        first = None
         for start in range(0, max(len(operations), 1), MAX_TXN_OPS):
             chunk = operations[start : start + MAX_TXN_OPS]
             revision = await self._transaction_at(
@@ -331,7 +332,8 @@ class Store:
             )
             if revision is None:
                 return None
-        return revision
+            first = revision if first is None else first
+        return first
 
     async def modify(self, key: str, change: Callable[[Any], Any], attempts: int = 20) -> Any:
         """Read-modify-write ``key`` conditional on its mod revision; returns the value written.

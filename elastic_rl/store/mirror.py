@@ -113,7 +113,9 @@ class Mirror:
             self.listener.changed(prefix, key, value)
 
     def applied(self, puts: dict[str, Any], deletes: tuple[str, ...] | set[str], revision: int) -> None:
-        """Writes this process made at ``revision``, applied before their watch brings them."""
+        """Writes this process made at ``revision`` (or later: a revision too low only lets a change that
+        is in fact older through, and the watch then brings these writes again), applied before their
+        watch brings them."""
         for key, value in puts.items():
             prefix = self._prefix_of(key)
             if prefix is not None:
