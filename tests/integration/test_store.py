@@ -96,18 +96,18 @@ def test_a_mirror_follows_its_prefixes_and_writes_applied_ahead_of_the_watch(etc
 
 def test_a_mirror_reads_afresh_when_its_watch_breaks(tmp_path):
     port = free_port()
-    etcd = EmbeddedEtcd(tmp_path, client_port=port)
+    first, again = EmbeddedEtcd(tmp_path, client_port=port), EmbeddedEtcd(tmp_path, client_port=port)
 
     async def scenario():
-        await etcd.start()
-        async with Store(etcd.endpoint, timeout_s=1.0) as writer, Store(etcd.endpoint, timeout_s=1.0) as reader:
+        await first.start()
+        async with Store(first.endpoint, timeout_s=1.0) as writer, Store(first.endpoint, timeout_s=1.0) as reader:
             mirror = Mirror(reader, ("/erl/nodes/",))
             await mirror.start()
             try:
                 await writer.put("/erl/nodes/a", 1)
                 await until(lambda: "/erl/nodes/a" in mirror.get_prefix("/erl/nodes/"))
-                etcd.stop()  # the watch's stream breaks
-                await EmbeddedEtcd(tmp_path, client_port=port).start()
+                first.stop()  # the watch's stream breaks
+                await again.start()
                 await writer.put("/erl/nodes/b", 2)
                 await until(lambda: mirror.get_prefix("/erl/nodes/") == {"/erl/nodes/a": 1, "/erl/nodes/b": 2}, 30)
                 return mirror.resyncs
@@ -117,4 +117,5 @@ def test_a_mirror_reads_afresh_when_its_watch_breaks(tmp_path):
     try:
         assert asyncio.run(scenario()) >= 1
     finally:
-        EmbeddedEtcd(tmp_path, client_port=port).stop()
+        first.stop()
+        again.stop()
