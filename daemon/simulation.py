@@ -8,7 +8,8 @@ the processes are fake (``FakeProcessTable``): starting one records it as
 running and nothing runs, so a thousand nodes fit on one machine.
 
     async with SimulatedCluster(etcd_endpoint, nodes=100, state_dir=path) as cluster:
-        await cluster.submit(spec)
+        await jobs.submit(cluster.observer, spec, workdir)
+        await cluster.placed(spec.name, processes, timeout_s=60)
         cluster.crash("sim-0042")   # the erld dies with its lease unrevoked
 
 Used by ``bench/controller_scale.py`` and ``tests/integration/test_controller_scale.py``.

@@ -129,20 +129,7 @@ class Mirror:
     def _prefix_of(self, key: str) -> str | None:
         return next((prefix for prefix in self.prefixes if key.startswith(prefix)), None)
 
-    # --- reading ------------------------------------------------------------------------
-
-    def get_prefix(self, prefix: str) -> dict[str, Any]:
-        """Key -> value under ``prefix``, which is one of the mirrored prefixes or lies inside one."""
-        outer = self._prefix_of(prefix)
-        if outer is None:
-            raise KeyError(f"{prefix} is not mirrored")
-        return {key: value for key, (value, _) in self._entries[outer].items() if key.startswith(prefix)}
-
     def get_with_revision(self, key: str) -> tuple[Any | None, int]:
         """A key's value and mod revision (None, 0 when absent), as ``Store.get_with_revision``."""
         held = self._entries[self._prefix_of(key)].get(key)
         return (None, 0) if held is None else held
-
-    @property
-    def watches(self) -> int:
-        return len(self._followers)
