@@ -23,7 +23,8 @@ from elastic_rl.store.devices import assignment_slots
 from elastic_rl.store.embedded import EmbeddedEtcd
 from tests.processes import SPEC
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+# Under `make chaos`: in one fresh-clone suite run it passed, in the next it timed out at 240 s (cause not found).
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(240)]
 
 REPLICAS = 254  # 508 trainer ranks (TP=2), an engine and three services: 512 processes
 LEASE_TTL_S = 3
