@@ -9,13 +9,15 @@ job of up to 512 processes (trainer replicas of TP=2, one engine, the three
 services; at most 64% of the slots) is submitted and measured:
 
 - placement: from the submit to every process assigned, to every one reported running, and
-  to every erld's own view (its mirror) having them all (each of this process's simulated
-  erlds decodes every change: on one host, the cost of a change grows with the node count);
+  to the own view (its mirror) of every erld that runs a process of the job having them all;
+  how many erlds follow the job (the leader and those running it: the others never hear of it);
 - the steady state over 10 s: etcd requests per second (gRPC calls and stream messages
   received), etcd's watchers, erld passes (median and 95th percentile), the memory
   of etcd and of this process per simulated erld;
 - a node death: a node holding two replicas dies (its erld stops, its lease unrevoked); the
-  time until its lease runs out, and from then until its processes are assigned elsewhere.
+  time until its lease runs out, and from then until its processes are assigned elsewhere;
+- leases lost: how often a live erld found its own lease run out (it fences and joins again),
+  over the whole run: none, or the host was too slow for the lease TTL.
 
 With ``--secure`` etcd runs as a shared cluster runs it (TLS, client
 certificates, auth on: ``tests/secure_etcd.py``) and every erld signs in.
@@ -117,6 +119,7 @@ async def measure(nodes: int, root: Path, lease_ttl_s: int, secure: bool) -> dic
             figures["placement_s"] = await cluster.placed(spec.name, processes, 300) - submitted
             figures["all_running_s"] = await cluster.running(spec.name, processes, 300) - submitted
             figures["settled_s"] = await cluster.settled(spec.name, processes, 600) - submitted
+            figures["following"] = cluster.following(spec.name)
 
             cluster_passes = len(cluster.pass_seconds())
             before, window_start = etcd_metrics(etcd.endpoint), time.monotonic()
@@ -150,6 +153,7 @@ async def measure(nodes: int, root: Path, lease_ttl_s: int, secure: bool) -> dic
             figures["lease_expiry_s"] = expired - died
             figures["replaced_after_expiry_s"] = replaced - expired
             figures["death_to_replaced_s"] = replaced - died
+            figures["leases_lost"] = cluster.leases_lost()
     finally:
         etcd.stop()
     return figures
@@ -162,9 +166,12 @@ COLUMNS = [
     ("processes", "job processes", "{:.0f}"),
     ("placement_s", "placed (s)", "{:.2f}"),
     ("all_running_s", "all running (s)", "{:.2f}"),
-    ("settled_s", "every erld's view current (s)", "{:.1f}"),
+    ("settled_s", "its erlds' views current (s)", "{:.1f}"),
+    ("following", "erlds following it", "{:.0f}"),
     ("lease_expiry_s", "death to lease expiry (s)", "{:.2f}"),
     ("replaced_after_expiry_s", "expiry to re-placed (s)", "{:.2f}"),
+    ("death_to_replaced_s", "death to re-placed (s)", "{:.2f}"),
+    ("leases_lost", "leases lost", "{:.0f}"),
     ("etcd_rpcs_per_s", "etcd RPCs/s", "{:.0f}"),
     ("etcd_msgs_per_s", "etcd msgs/s", "{:.0f}"),
     ("etcd_watchers", "watchers", "{:.0f}"),

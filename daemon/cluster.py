@@ -29,6 +29,8 @@ class Cluster:
     progress: dict[str, dict] = field(default_factory=dict)
     draining: dict[str, dict] = field(default_factory=dict)
     """Node -> its drain record (``elastic_rl.store.drains``)."""
+    placed: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    """Node -> job -> its processes there, as the index in etcd has them (``keys.placement``)."""
 
     def free(self) -> dict[str, list[int]]:
         """Each live node's free slots; a draining node is left out (not even the services go there)."""
@@ -56,22 +58,29 @@ class ClusterRecords:
         self.nodes: dict[str, dict] = {}
         self.ledger: dict[str, dict] = {}
         self.draining: dict[str, dict] = {}
+        self.placed: dict[str, dict[str, list[str]]] = {}
 
     def reset(self, prefix: str, entries: dict[str, Any]) -> None:
-        cleared = {
-            keys.JOBS: (self.statuses, self.progress, self.reported),
-            keys.ASSIGN: (self.assignments,),
-            keys.NODES: (self.nodes,),
-            keys.LEDGER: (self.ledger,),
-            keys.DRAINS: (self.draining,),
-        }
-        for records in cleared.get(prefix, ()):
-            records.clear()
+        """``prefix``: one of the key layout's prefixes, or one job's (``keys.job``, ``keys.assignments``)
+        or one node's placements (``keys.placed_on``)."""
+        if prefix.startswith(keys.JOBS):
+            for records in (self.statuses, self.progress, self.reported):
+                _clear(records, prefix, keys.JOBS)
+        elif prefix.startswith(keys.ASSIGN):
+            _clear(self.assignments, prefix, keys.ASSIGN)
+        elif prefix.startswith(keys.PLACED):
+            _clear(self.placed, prefix, keys.PLACED)
+        elif prefix == keys.NODES:
+            self.nodes.clear()
+        elif prefix == keys.LEDGER:
+            self.ledger.clear()
+        elif prefix == keys.DRAINS:
+            self.draining.clear()
         for key, value in entries.items():
             self.changed(prefix, key, value)
 
     def changed(self, prefix: str, key: str, value: Any | None) -> None:
-        if prefix == keys.JOBS:
+        if key.startswith(keys.JOBS):
             job_id = keys.job_id_of(key)
             if key == keys.job_status(job_id):
                 _set(self.statuses, job_id, value)
@@ -79,13 +88,16 @@ class ClusterRecords:
                 _set(self.progress, job_id, value)
             elif key.startswith(keys.procs(job_id)):
                 _set_in(self.reported, job_id, keys.last_part(key), value)
-        elif prefix == keys.ASSIGN:
+        elif key.startswith(keys.ASSIGN):
             _set_in(self.assignments, keys.job_id_of(key), keys.last_part(key), value)
-        elif prefix == keys.NODES:
+        elif key.startswith(keys.PLACED):
+            node, job_id = key[len(keys.PLACED) :].split("/", 1)
+            _set_in(self.placed, node, job_id, value)
+        elif key.startswith(keys.NODES):
             _set(self.nodes, key[len(keys.NODES) :], value)
-        elif prefix == keys.LEDGER:
+        elif key.startswith(keys.LEDGER):
             _set(self.ledger, key, value)
-        elif prefix == keys.DRAINS:
+        elif key.startswith(keys.DRAINS):
             _set(self.draining, key[len(keys.DRAINS) :], value)
 
     def cluster(self, now: float) -> Cluster:
@@ -98,7 +110,17 @@ class ClusterRecords:
             failed_slots(self.ledger, now),
             dict(self.progress),
             dict(self.draining),
+            {node: dict(jobs) for node, jobs in self.placed.items()},
         )
+
+
+def _clear(records: dict[str, Any], prefix: str, layout_prefix: str) -> None:
+    """Drop the records under ``prefix``: all of them for the layout's own prefix, else the one group
+    (a job, a node) the prefix names."""
+    if prefix == layout_prefix:
+        records.clear()
+    else:
+        records.pop(prefix[len(layout_prefix) :].split("/", 1)[0], None)
 
 
 def _set(records: dict[str, Any], name: str, value: Any | None) -> None:
@@ -127,6 +149,15 @@ class Changes:
     events: list[tuple[str, str, dict]] = field(default_factory=list)
     services_handed_over: bool = False
     """The services left a draining node at the orchestrator's commit: the trainers follow them in process."""
+
+
+def placements(assignments: dict[str, dict[str, dict]]) -> dict[str, dict[str, list[str]]]:
+    """Node -> job -> the job's processes assigned there, sorted: what the placement index should hold."""
+    index: dict[str, dict[str, list[str]]] = {}
+    for job_id, assigned in assignments.items():
+        for name, assignment in sorted(assigned.items()):
+            index.setdefault(assignment["node"], {}).setdefault(job_id, []).append(name)
+    return index
 
 
 def by_group(assigned: dict[str, dict]) -> dict[str, dict[str, dict]]:

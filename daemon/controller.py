@@ -37,6 +37,11 @@ slot, port, generation.
   pending, and so resumes from its snapshot, once its minimum fits again.
 - A stopping job becomes stopped, a pausing one paused, once none of its
   processes runs; a finished job's assignments are removed.
+- After the jobs, the placement index (``keys.placement``: node -> job -> its
+  processes there) is brought in line with the assignments, so an agent can
+  follow only the jobs on its node; the index is rebuilt from the assignments
+  every pass, so a write the index missed (a job deleted by `erl submit`
+  reusing its name, a leader that died between the two) is mended.
 
 A changed assignment gets the job's next generation, and every write is one
 etcd transaction conditional on the leader key being the one this controller
@@ -53,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints import layout
-from daemon.cluster import Changes, Cluster, by_group, node_of, reports
+from daemon.cluster import Changes, Cluster, by_group, node_of, placements, reports
 from daemon.draining import drain_groups, relieved_lighthouse_in_use
 from daemon.plan import SERVICES, engine_group, group_procs, job_groups, replica_group
 from elastic_rl import jobenv
@@ -103,6 +108,21 @@ class Controller:
         for sweep in Sweep:
             for job_id in in_order:
                 await self._decide(job_id, cluster, sweep)
+
+    async def index_placements(self, cluster: Cluster) -> None:
+        """Write the placement index as ``cluster``'s assignments have it (a pass's cluster read after
+        ``tick``'s writes, so that they are in it)."""
+        wanted = placements(cluster.assignments)
+        puts, deletes = {}, set()
+        for node in wanted.keys() | cluster.placed.keys():
+            for job_id in wanted.get(node, {}).keys() | cluster.placed.get(node, {}).keys():
+                names = wanted.get(node, {}).get(job_id)
+                if names is None:
+                    deletes.add(keys.placement(node, job_id))
+                elif names != cluster.placed.get(node, {}).get(job_id):
+                    puts[keys.placement(node, job_id)] = names
+        if puts or deletes:
+            await self._commit(puts, deletes)
 
     async def _decide(self, job_id: str, cluster: Cluster, sweep: Sweep) -> None:
         status = cluster.statuses[job_id]

@@ -11,8 +11,11 @@ GPUs (``--gpus all`` or ``--gpus N``, found through NVML, ``daemon.gpus``);
 the node record says which, and each process runs on its slots by the device
 rule (``policies.devices``). Every erld, the leader too, is an agent (``daemon.agent``): it
 runs exactly the processes assigned to its node. A pass reads the cluster from memory: erld
-keeps the prefixes it needs, each followed by one etcd watch (``elastic_rl.store.mirror``). With no ``--etcd`` it starts
-an embedded etcd under its state dir.
+keeps the prefixes it needs, each followed by one etcd watch (``elastic_rl.store.mirror``). The
+leader follows the whole cluster; any other erld only the leader key, the device ledger, the drains,
+its node's placement index and the jobs that index names (or that still run here), so an erld's work
+grows with its node's jobs, not with the cluster. With no ``--etcd`` it starts an embedded etcd
+under its state dir.
 
 An agent that cannot renew its lease fences itself: once the lease may have
 run out (its TTL since the last renewal), it kills its processes before doing
@@ -73,8 +76,10 @@ log = logging.getLogger("erld")
 
 DEFAULT_LEASE_TTL_S = 10
 LOOP_INTERVAL_S = 0.5
-MIRRORED = (keys.JOBS, keys.ASSIGN, keys.NODES, keys.LEDGER, keys.DRAINS, keys.LEADER)
-"""What a pass reads: erld keeps these prefixes in memory, each followed by one watch (``store.mirror``)."""
+EVERY_NODE_FOLLOWS = (keys.LEADER, keys.LEDGER, keys.DRAINS)
+"""What every erld keeps in memory, each prefix followed by one watch (``store.mirror``); besides
+these, the leader follows ``LEADER_FOLLOWS`` and any other erld its own node's jobs."""
+LEADER_FOLLOWS = (keys.JOBS, keys.ASSIGN, keys.NODES, keys.PLACED)
 
 
 class NodeTaken(InputError):
@@ -129,7 +134,7 @@ class Erld:
         self.table = ProcessTable(self.node)
         self.agents: dict[str, JobAgent] = {}
         self.records = ClusterRecords()
-        self.mirror = Mirror(store, MIRRORED, self.records)
+        self.mirror = Mirror(store, (*EVERY_NODE_FOLLOWS, keys.placed_on(self.node)), self.records)
         self.controller = Controller(store, self.node, self._events, self.mirror.applied)
         self.lease = None
         self.renewed = 0.0
@@ -147,6 +152,10 @@ class Erld:
         self.pool = InterpreterPool(
             self.node, config.pool_sizes, state_dir, {**node_environment(), jobenv.ETCD: endpoint}
         )
+
+    @property
+    def devices(self) -> int:
+        return self.config.devices
 
     def _events(self, job_id: str, workdir: Path) -> EventLog:
         return EventLog(self.store, job_id, workdir, self.node)
@@ -242,6 +251,29 @@ class Erld:
         return self.leading
 
     # --- one pass -----------------------------------------------------------------
+
+    async def follow_what_this_node_needs(self, leading: bool) -> None:
+        """The leader follows the whole cluster. Any other erld follows its node's placement index, and
+        each job it names, runs here still or has an agent here: the job's records and assignments."""
+        if leading:
+            wanted = LEADER_FOLLOWS
+        else:
+            jobs = (
+                self.records.placed.get(self.node, {}).keys()
+                | {job for job, _ in self.table.procs}
+                | self.agents.keys()
+            )
+            wanted = (
+                keys.placed_on(self.node),
+                *(p for job in sorted(jobs) for p in (keys.job(job), keys.assignments(job))),
+            )
+        # What is no longer wanted goes first: an erld that stopped leading drops the whole cluster
+        # before following its node's part of it (a prefix under one followed is left to that one).
+        for prefix in self.mirror.prefixes:
+            if prefix not in EVERY_NODE_FOLLOWS and not any(prefix.startswith(kept) for kept in wanted):
+                self.mirror.unfollow(prefix)
+        for prefix in wanted:
+            await self.mirror.follow(prefix)
 
     def read_cluster(self) -> Cluster:
         """The cluster as the mirror has it: memory, no etcd request."""
@@ -352,10 +384,13 @@ class Erld:
         if self.lease_may_have_expired():
             await self.fence_and_rejoin()
         try:
+            leading = await self.is_leader()
+            await self.follow_what_this_node_needs(leading)
             cluster = self.read_cluster()
             await self.drain_before_stopping(cluster)
-            if await self.is_leader():
+            if leading:
                 await self.controller.tick(cluster)
+                await self.controller.index_placements(self.read_cluster())
             await self.agent_pass(cluster)
             self.metrics.observe(cluster)
         except NotLeader as exc:

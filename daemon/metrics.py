@@ -6,9 +6,10 @@ Served on the node's advertise host. The figures are those of the cluster as
 this erld last read it (each main-loop pass), rendered by ``prometheus-client``
 at scrape time: process states and restarts of the processes this node runs,
 its pre-imported interpreters (ready or importing), engine health, and for
-every job its quorum size, rollouts committed, step and rollout time,
-snapshot age, and replicas and engines held against their range; the state of
-this node's device slots; whether this node drains; whether this erld leads.
+every job it follows (the leader: every job; another erld: the jobs with a
+process on its node) its quorum size, rollouts committed, step and rollout
+time, snapshot age, and replicas and engines held against their range; the
+state of this node's device slots; whether any node drains; whether this erld leads.
 ``/healthz`` answers 200 while the node lease is fresh.
 
 The server reads the erld that runs it through ``ServedNode``, the few
@@ -38,10 +39,11 @@ PROC_STATES = ("waiting", "running", "restarting", "displaced", "drained", "exit
 
 
 class ServedNode(Protocol):
-    """What the endpoints read of the erld they serve: its node, whether it leads, the processes it
-    runs, and whether its node lease may have run out."""
+    """What the endpoints read of the erld they serve: its node and device slots, whether it leads, the
+    processes it runs, and whether its node lease may have run out."""
 
     node: str
+    devices: int
     leading: bool
     table: ProcessTable
     pool: InterpreterPool
@@ -154,8 +156,7 @@ class ClusterCollector:
         devices = GaugeMetricFamily(
             "erld_device_state", "1 for the state of each device slot of this node", labels=["node", "device", "state"]
         )
-        slots = cluster.nodes.get(node, {}).get("devices", 0)
-        for device in range(slots):
+        for device in range(erld.devices):
             failed = device in cluster.failed.get(node, set())
             devices.add_metric([node, str(device), "failed"], 1.0 if failed else 0.0)
             devices.add_metric([node, str(device), "healthy"], 0.0 if failed else 1.0)

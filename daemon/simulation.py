@@ -75,6 +75,7 @@ class SimulatedErld(Erld):
         super().__init__(store, endpoint, config, state_dir)
         self.table = FakeProcessTable(self.node)
         self.pass_seconds: list[float] = []
+        self.leases_lost = 0
         self._keep_alive: asyncio.Task | None = None
 
     async def start(self) -> asyncio.Task:
@@ -87,6 +88,10 @@ class SimulatedErld(Erld):
         started = time.perf_counter()
         await super().one_pass()
         self.pass_seconds.append(time.perf_counter() - started)
+
+    async def fence_and_rejoin(self) -> None:
+        self.leases_lost += 1
+        await super().fence_and_rejoin()
 
     def crash(self) -> None:
         """Die as a killed erld does: nothing revoked, nothing written; the lease runs out."""
@@ -141,6 +146,14 @@ class SimulatedCluster:
     def pass_seconds(self) -> list[float]:
         return [seconds for erld in self.erlds.values() for seconds in erld.pass_seconds]
 
+    def leases_lost(self) -> int:
+        """How many times an erld found its lease gone (or maybe gone) and joined again."""
+        return sum(erld.leases_lost for erld in self.erlds.values())
+
+    def following(self, job_id: str) -> int:
+        """How many erlds follow the job (the leader, and those running a process of it)."""
+        return sum(job_id in erld.records.statuses for erld in self.erlds.values())
+
     # --- what the bench and the test watch, read by polling etcd as a user's tool would -------------
 
     async def _count(self, prefix: str, expected: int) -> bool:
@@ -175,18 +188,19 @@ class SimulatedCluster:
         return await self.until(all_running, timeout_s, f"{job_id} running")
 
     async def settled(self, job_id: str, processes: int, timeout_s: float) -> float:
-        """When every live erld's own view (its mirror) has all of the job's processes running: the
-        changes of a placement reach every erld before a node death is measured against them."""
+        """When the own view (its mirror) of every live erld that runs a process of the job has all of
+        them running: the changes of a placement reach those erlds before a node death is measured
+        against them (an erld that runs none of it does not follow the job)."""
 
         async def every_view() -> bool:
             return all(
                 sum(record.get("state") == "running" for record in erld.records.reported.get(job_id, {}).values())
                 >= processes
                 for name, erld in self.erlds.items()
-                if not self.tasks[name].done()
+                if not self.tasks[name].done() and job_id in erld.agents
             )
 
-        return await self.until(every_view, timeout_s, f"every erld sees {job_id} running")
+        return await self.until(every_view, timeout_s, f"every erld running {job_id} sees it running")
 
     async def node_gone(self, name: str, timeout_s: float) -> float:
         """When the node's record left etcd (its lease ran out)."""

@@ -20,6 +20,9 @@
     /erl/assign/<job>/<proc>               the controller's assignment of a process: node, device
                                            slots, port, generation; an agent runs exactly what is
                                            assigned to its node, at the generation assigned
+    /erl/placed/<node>/<job>               the names of the job's processes assigned to the node: an
+                                           index the leader keeps from the assignments, so that an
+                                           agent follows only the jobs on its own node
     /erl/events/<job>/<seq>                an event: time, kind, process, node, message
     /erl/history/<job>/<submitted>         an earlier, finished job of that name: its status,
                                            progress and spec, kept when the name is reused
@@ -37,6 +40,7 @@ DEVICES = f"{ROOT}/devices/"
 LEDGER = f"{ROOT}/ledger/"
 DRAINS = f"{ROOT}/drain/"
 ASSIGN = f"{ROOT}/assign/"
+PLACED = f"{ROOT}/placed/"
 EVENTS = f"{ROOT}/events/"
 HISTORY = f"{ROOT}/history/"
 
@@ -95,6 +99,14 @@ def assignments(job_id: str) -> str:
 
 def assignment(job_id: str, name: str) -> str:
     return f"{assignments(job_id)}{name}"
+
+
+def placed_on(node_name: str) -> str:
+    return f"{PLACED}{node_name}/"
+
+
+def placement(node_name: str, job_id: str) -> str:
+    return f"{placed_on(node_name)}{job_id}"
 
 
 def events(job_id: str) -> str:

@@ -41,32 +41,66 @@ class Listener(Protocol):
 class Mirror:
     def __init__(self, store: Store, prefixes: tuple[str, ...], listener: Listener | None = None):
         self.store = store
-        self.prefixes = prefixes
         self.listener = listener
         self._entries: dict[str, dict[str, tuple[Any, int]]] = {prefix: {} for prefix in prefixes}
-        """Prefix -> key -> (value, mod revision)."""
+        """Followed prefix -> key -> (value, mod revision)."""
         self._deleted: dict[str, int] = {}
         """Keys this process deleted, at the revision of the deletion, until their watch catches up."""
-        self._followers: list[asyncio.Task] = []
+        self._followers: dict[str, asyncio.Task] = {}
         self.resyncs = 0
         """How many times a broken watch was replaced by a fresh read."""
 
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        """The prefixes followed now."""
+        return tuple(self._entries)
+
     async def start(self) -> None:
         """Read every prefix (``StoreUnavailable`` if etcd does not answer) and start following them."""
-        revisions = {prefix: await self._load(prefix) for prefix in self.prefixes}
-        self._followers = [
-            asyncio.create_task(self._follow(prefix, revision), name=f"mirror {prefix}")
-            for prefix, revision in revisions.items()
-        ]
+        revisions = {prefix: await self._load(prefix) for prefix in self._entries}
+        for prefix, revision in revisions.items():
+            self._start_following(prefix, revision)
+
+    async def follow(self, prefix: str) -> None:
+        """Read ``prefix`` and follow it from now on (``StoreUnavailable`` if etcd does not answer). A
+        prefix under one followed already is left to that one; a narrower one followed so far is
+        dropped in favour of ``prefix``, whose read brings its keys again."""
+        if any(prefix.startswith(followed) for followed in self._entries):
+            return
+        self._entries[prefix] = {}
+        try:
+            revision = await self._load(prefix)
+        except BaseException:
+            del self._entries[prefix]
+            raise
+        self._start_following(prefix, revision)
+        for narrower in [followed for followed in self._entries if followed != prefix and followed.startswith(prefix)]:
+            self._drop(narrower)
+
+    def unfollow(self, prefix: str) -> None:
+        """Stop following ``prefix``; the listener hears that nothing is left under it."""
+        if prefix in self._entries:
+            self._drop(prefix)
+            if self.listener is not None:
+                self.listener.reset(prefix, {})
+
+    def _drop(self, prefix: str) -> None:
+        follower = self._followers.pop(prefix, None)
+        if follower is not None:
+            follower.cancel()
+        del self._entries[prefix]
+
+    def _start_following(self, prefix: str, revision: int) -> None:
+        self._followers[prefix] = asyncio.create_task(self._follow(prefix, revision), name=f"mirror {prefix}")
 
     def cancel(self) -> None:
         """Stop following, at once."""
-        for follower in self._followers:
+        for follower in self._followers.values():
             follower.cancel()
 
     async def stop(self) -> None:
         self.cancel()
-        for follower in self._followers:
+        for follower in self._followers.values():
             with contextlib.suppress(asyncio.CancelledError):
                 await follower
 
@@ -98,7 +132,9 @@ class Mirror:
             self.resyncs += 1
 
     def _apply(self, prefix: str, key: str, value: Any | None, revision: int) -> None:
-        entries = self._entries[prefix]
+        entries = self._entries.get(prefix)
+        if entries is None:
+            return  # no longer followed
         held = entries.get(key)
         if held is not None and held[1] > revision:
             return  # a newer value this process wrote is already here
@@ -127,9 +163,10 @@ class Mirror:
                 self._deleted[key] = revision
 
     def _prefix_of(self, key: str) -> str | None:
-        return next((prefix for prefix in self.prefixes if key.startswith(prefix)), None)
+        return next((prefix for prefix in self._entries if key.startswith(prefix)), None)
 
     def get_with_revision(self, key: str) -> tuple[Any | None, int]:
-        """A key's value and mod revision (None, 0 when absent), as ``Store.get_with_revision``."""
+        """A key's value and mod revision (None, 0 when absent), as ``Store.get_with_revision``; the key
+        is under a followed prefix."""
         held = self._entries[self._prefix_of(key)].get(key)
         return (None, 0) if held is None else held

@@ -110,6 +110,42 @@ def test_a_mirror_follows_its_prefixes_and_writes_applied_ahead_of_the_watch(etc
     asyncio.run(scenario())
 
 
+def test_a_mirror_follows_and_drops_prefixes_as_its_needs_change(etcd):
+    """An agent follows one job, then the whole of /erl/jobs/ as a leader, then one other job again."""
+
+    async def scenario():
+        async with Store(etcd.endpoint) as writer, Store(etcd.endpoint) as reader:
+            await writer.put("/erl/jobs/a/status", "a")
+            await writer.put("/erl/jobs/b/status", "b")
+            heard = HeardKeys()
+            mirror = Mirror(reader, ("/erl/leader",), heard)
+            await mirror.start()
+            try:
+                await mirror.follow("/erl/jobs/a/")
+                assert heard.values == {"/erl/jobs/a/status": "a"}
+                await writer.put("/erl/jobs/a/status", "a2")
+                await until(lambda: heard.values.get("/erl/jobs/a/status") == "a2")
+
+                await mirror.follow("/erl/jobs/")  # the narrower prefix gives way to it
+                assert mirror.prefixes == ("/erl/leader", "/erl/jobs/")
+                await mirror.follow("/erl/jobs/b/")  # under one followed already: nothing to do
+                assert mirror.prefixes == ("/erl/leader", "/erl/jobs/")
+                await writer.put("/erl/jobs/b/status", "b2")
+                await until(lambda: heard.values == {"/erl/jobs/a/status": "a2", "/erl/jobs/b/status": "b2"})
+
+                mirror.unfollow("/erl/jobs/")
+                assert heard.values == {}
+                await mirror.follow("/erl/jobs/b/")
+                await writer.put("/erl/jobs/a/status", "a3")  # no longer followed
+                await writer.put("/erl/jobs/b/status", "b3")
+                await until(lambda: heard.values.get("/erl/jobs/b/status") == "b3")
+                assert heard.values == {"/erl/jobs/b/status": "b3"}
+            finally:
+                await mirror.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_mirror_reads_afresh_when_its_watch_breaks(tmp_path):
     port = free_port()
     first, again = EmbeddedEtcd(tmp_path, client_port=port), EmbeddedEtcd(tmp_path, client_port=port)

@@ -33,6 +33,7 @@ class FakeErld:
 
     def __init__(self) -> None:
         self.node = "node-a"
+        self.devices = 2
         self.leading = True
         self.pool = FakePool()
         self.table = ProcessTable(self.node)
@@ -49,7 +50,7 @@ def scraped() -> dict[str, object]:
     collector.cluster = Cluster(
         statuses={"job-1": {"phase": "running", "size": {"replicas": [1, 1, 2], "engines": [1, 1, 1]}}},
         assignments={},
-        nodes={"node-a": {"devices": 2}},
+        nodes={},
         reported={},
         failed={"node-a": {1}},
         progress={
