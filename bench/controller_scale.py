@@ -120,6 +120,7 @@ async def measure(nodes: int, root: Path, lease_ttl_s: int, secure: bool) -> dic
             figures["all_running_s"] = await cluster.running(spec.name, processes, 300) - submitted
             figures["settled_s"] = await cluster.settled(spec.name, processes, 600) - submitted
             figures["following"] = cluster.following(spec.name)
+            cluster.freeze_heap()  # the job's records too
 
             cluster_passes = len(cluster.pass_seconds())
             before, window_start = etcd_metrics(etcd.endpoint), time.monotonic()

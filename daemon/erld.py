@@ -130,10 +130,13 @@ class Erld:
         self.node = config.name
         self.state_dir = state_dir
         self.state_file = state_dir / f"procs-{self.node}.json"
+        self.saved_state: bytes | None = None
         self.notifier = SystemdNotifier()
         self.table = ProcessTable(self.node)
         self.agents: dict[str, JobAgent] = {}
         self.records = ClusterRecords()
+        self.followed: tuple[str, ...] = ()
+        """What ``follow_what_this_node_needs`` last had the mirror follow, besides ``EVERY_NODE_FOLLOWS``."""
         self.mirror = Mirror(store, (*EVERY_NODE_FOLLOWS, keys.placed_on(self.node)), self.records)
         self.controller = Controller(store, self.node, self._events, self.mirror.applied)
         self.lease = None
@@ -269,11 +272,14 @@ class Erld:
             )
         # What is no longer wanted goes first: an erld that stopped leading drops the whole cluster
         # before following its node's part of it (a prefix under one followed is left to that one).
+        if wanted == self.followed:
+            return
         for prefix in self.mirror.prefixes:
             if prefix not in EVERY_NODE_FOLLOWS and not any(prefix.startswith(kept) for kept in wanted):
                 self.mirror.unfollow(prefix)
         for prefix in wanted:
             await self.mirror.follow(prefix)
+        self.followed = wanted
 
     def read_cluster(self) -> Cluster:
         """The cluster as the mirror has it: memory, no etcd request."""
@@ -342,7 +348,11 @@ class Erld:
         return orjson.loads(self.state_file.read_bytes())
 
     def save_state(self) -> None:
-        write_file_atomic(self.state_file, orjson.dumps(self.table.to_state()))
+        """Write the process table for the next erld on this node, when it changed since the last write."""
+        state = orjson.dumps(self.table.to_state())
+        if state != self.saved_state:
+            write_file_atomic(self.state_file, state)
+            self.saved_state = state
 
     # --- main loop ------------------------------------------------------------------------
 

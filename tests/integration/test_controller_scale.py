@@ -1,4 +1,5 @@
-"""The controller at 100 nodes: simulated erlds (real erld code, fake processes) against a real etcd.
+"""The controller at 100 nodes, and at 1,000 under `make chaos`: simulated erlds (real erld code, fake
+processes) against a real etcd.
 
 The figures at 10 to 1,000 nodes come from ``bench/controller_scale.py``; this checks what they rest on:
 a job of 512 processes placed (more than one etcd transaction holds), a node's death re-placed, only
@@ -24,13 +25,20 @@ from elastic_rl.store.devices import assignment_slots
 from elastic_rl.store.embedded import EmbeddedEtcd
 from tests.processes import SPEC
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration]
 
 REPLICAS = 254  # 508 trainer ranks (TP=2), an engine and three services: 512 processes
-LEASE_TTL_S = 3
 
 
-def test_a_512_process_job_on_100_nodes_survives_a_node_death_and_leaves_nothing(tmp_path, caplog):
+@pytest.mark.parametrize(
+    ("nodes", "lease_ttl_s"),
+    [
+        pytest.param(100, 3, marks=pytest.mark.timeout(240), id="100-nodes"),
+        # One host runs the thousand erlds: erld's own lease TTL, so that none runs out on a busy loop.
+        pytest.param(1000, 10, marks=[pytest.mark.chaos, pytest.mark.timeout(900)], id="1000-nodes"),
+    ],
+)
+def test_a_512_process_job_survives_a_node_death_and_leaves_nothing(nodes, lease_ttl_s, tmp_path, caplog):
     caplog.set_level(logging.CRITICAL)  # the fake processes serve nothing: the agents' HTTP calls fail
     spec = load_spec(
         SPEC,
@@ -49,11 +57,11 @@ def test_a_512_process_job_on_100_nodes_survives_a_node_death_and_leaves_nothing
 
     async def scenario():
         await etcd.start()
-        async with SimulatedCluster(etcd.endpoint, 100, tmp_path / "erlds", lease_ttl_s=LEASE_TTL_S) as cluster:
+        async with SimulatedCluster(etcd.endpoint, nodes, tmp_path / "erlds", lease_ttl_s=lease_ttl_s) as cluster:
             store = cluster.observer
             await jobs.submit(store, spec, tmp_path / "work")
-            await cluster.placed("big", processes, 60)
-            await cluster.running("big", processes, 60)
+            await cluster.placed("big", processes, 120)
+            await cluster.running("big", processes, 120)
             before = await cluster.assignments("big")
             following = {name for name, erld in cluster.erlds.items() if "big" in erld.records.statuses}
 
@@ -62,11 +70,11 @@ def test_a_512_process_job_on_100_nodes_survives_a_node_death_and_leaves_nothing
             dead = next(a["node"] for a in before.values() if a["node"] not in services | {leader})
             on_dead = {name for name, a in before.items() if a["node"] == dead}
             cluster.crash(dead)
-            await cluster.node_gone(dead, 30)
-            await cluster.replaced("big", dead, on_dead, 30)
+            await cluster.node_gone(dead, 3 * lease_ttl_s)
+            await cluster.replaced("big", dead, on_dead, 60)
             after = await cluster.assignments("big")
             status = await store.get(keys.job_status("big"))
-            await asyncio.sleep(LEASE_TTL_S)  # the dead node's process records went with its lease
+            await asyncio.sleep(lease_ttl_s)  # the dead node's process records went with its lease
             reported = await store.get_prefix(keys.procs("big"))
 
             await jobs.stop(store, "big")
@@ -77,7 +85,7 @@ def test_a_512_process_job_on_100_nodes_survives_a_node_death_and_leaves_nothing
                 indexed = await store.get_prefix(keys.PLACED)
                 return await _phase_is(store, "stopped") and not assigned and not indexed and not running
 
-            await cluster.until(nothing_left, 60, "the job stopped, its assignments gone, none of it running")
+            await cluster.until(nothing_left, 120, "the job stopped, its assignments gone, none of it running")
             return before, after, on_dead, dead, status, reported, leader, following
 
     try:
