@@ -14,6 +14,10 @@ change older than what a key already holds, or than its deletion applied
 so, is then ignored when the watch delivers it. A ``listener`` hears of every
 prefix read and every change applied, so it can keep its own view (erld's
 parsed cluster, ``daemon.cluster.ClusterRecords``) current change by change.
+
+What is followed can change as the process's needs do (``follow``,
+``unfollow``): erld follows one job's prefixes while it runs a process of it,
+and the whole cluster while it leads.
 """
 
 from __future__ import annotations
