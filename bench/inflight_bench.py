@@ -32,12 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chaos.faults import inject  # noqa: E402
-from chaos.invariants import jsonl  # noqa: E402
 from chaos.report import analyse_faults  # noqa: E402
 from chaos.runner import generating, run_job  # noqa: E402
 from chaos.scenario import Fault, FaultKind  # noqa: E402
 from chaos.topology import Topology  # noqa: E402
 from checkpoints import layout  # noqa: E402
+from checkpoints.layout import read_lines  # noqa: E402
 from checkpoints.rollout_log import read_rollout  # noqa: E402
 from elastic_rl.engines import token_ledger  # noqa: E402
 from elastic_rl.spec.loading import load_spec  # noqa: E402
@@ -94,7 +94,7 @@ def measure(topology: Topology, spec: Path, overrides: list[str], workdir: Path,
     if delay_s is not None:
         faults = [(kill_later(topology, job, workdir, proc, delay_s), generating(r)) for proc, r in FAULTS]
     run = run_job(topology, spec, workdir, overrides, faults, timeout_s=1800)
-    lines = jsonl(layout.metrics_lines_path(workdir))
+    lines = read_lines(layout.metrics_lines_path(workdir))
     generated, trained = token_ledger.total(workdir), trained_tokens(workdir)
     figures = {
         "generated": generated,

@@ -56,10 +56,6 @@ class Check:
         return {"name": self.name, "held": self.held, "detail": self.detail}
 
 
-def jsonl(path: Path) -> list[dict]:
-    return [orjson.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
 def read_spec(workdir: Path) -> JobSpec:
     return JobSpec.model_validate(orjson.loads(layout.spec_path(workdir).read_bytes()))
 
@@ -120,7 +116,7 @@ def check_rollouts_applied_once(run: Path, spec: JobSpec) -> Check:
     kept_from = min((_snapshot_last_rollout(run, step) for step in valid_steps(run)), default=None)
     if committed != expected[first:] or (first > 0 and (kept_from is None or kept_from < first - 1)):
         return Check("every committed rollout applied once", False, f"rollout log holds {committed}")
-    trained = [line["rollout"] for line in jsonl(layout.metrics_lines_path(run))]
+    trained = [line["rollout"] for line in layout.read_lines(layout.metrics_lines_path(run))]
     if trained != expected:
         return Check("every committed rollout applied once", False, f"metrics.jsonl trains {trained}")
     writers = [_rollout(run, r)[1].get("writer", {}).get("generation") for r in committed]
@@ -138,7 +134,7 @@ def _snapshot_last_rollout(run: Path, step: int) -> int:
 
 def check_whole_batches(run: Path, spec: JobSpec) -> Check:
     short = []
-    for line in jsonl(layout.metrics_lines_path(run)):
+    for line in layout.read_lines(layout.metrics_lines_path(run)):
         if line.get("train/quarantined"):
             continue
         if line.get("train/samples_per_step") != spec.trainer.global_batch_size:
@@ -212,7 +208,7 @@ made before they saw its requests go: up to about twice a persist interval's wor
 
 def check_tokens_once(run: Path, reference: Path, spec: JobSpec, events: list[dict]) -> Check:
     name = "no token generated twice"
-    lines = jsonl(layout.metrics_lines_path(run))
+    lines = layout.read_lines(layout.metrics_lines_path(run))
     twice = sum(int(line.get("rollout/regenerated_tokens", 0)) for line in lines)
     if twice:
         return Check(name, False, f"{twice} tokens received for a position that had arrived before")
@@ -268,7 +264,7 @@ def check_run(
 ) -> list[Check]:
     """Every invariant; ``nothing_redone``: the faults left time enough to hand work over (9)."""
     spec = read_spec(run)
-    events = jsonl(layout.events_path(run))
+    events = layout.read_lines(layout.events_path(run))
     checks = [check_terminal(status)]
     if status.get("phase") != "succeeded":
         return checks

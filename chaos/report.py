@@ -27,27 +27,11 @@ from statistics import median
 
 import orjson
 
-from chaos.invariants import Check, drawn_prompts, jsonl, read_spec
+from chaos.invariants import Check, drawn_prompts, read_spec
 from chaos.runner import JobRun
 from chaos.scenario import ChaosScenario
 from checkpoints import layout
-
-DETECTIONS = (
-    "proc_exited",
-    "engine_unhealthy",
-    "quorum_changed",
-    "nan_step_skipped",
-    "device_quarantined",
-    "snapshot_skipped",
-    "spare_promoted",
-    "replica_moved",
-    "engine_moved",
-    "services_moved",
-    "spare_moved",
-    "job_adopted",
-    "trainer_rollback",
-    "snapshot_failed",
-)
+from policies.fault_time import FAULT_SIGNS
 
 
 @dataclass
@@ -88,12 +72,12 @@ class ScenarioResult:
 
 
 def analyse_faults(run: JobRun, workdir: Path, reference: Path) -> list[FaultReport]:
-    events = jsonl(layout.events_path(workdir))
-    lines = jsonl(layout.metrics_lines_path(workdir))
+    events = layout.read_lines(layout.events_path(workdir))
+    lines = layout.read_lines(layout.metrics_lines_path(workdir))
     spec = read_spec(workdir)
     steps_per_rollout = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
     started = min(e["time"] for e in events if e["kind"] == "job_started")
-    reference_lines = jsonl(layout.metrics_lines_path(reference))
+    reference_lines = layout.read_lines(layout.metrics_lines_path(reference))
     gaps = [b["time"] - a["time"] for a, b in zip(reference_lines, reference_lines[1:])]
     usual = median(gaps) if gaps else 0.0
     drawn = set(drawn_prompts(workdir, spec))
@@ -101,7 +85,7 @@ def analyse_faults(run: JobRun, workdir: Path, reference: Path) -> list[FaultRep
     reports = []
     for injection in run.injections:
         moment = injection.time
-        seen = next((e["time"] for e in events if e["time"] >= moment and e["kind"] in DETECTIONS), None)
+        seen = next((e["time"] for e in events if e["time"] >= moment and e["kind"] in FAULT_SIGNS), None)
         before = [line for line in lines if line["time"] <= moment]
         after = next((line for line in lines if line["time"] > (seen or moment)), None)
         progress = None if after is None else after["time"] - moment
@@ -183,8 +167,8 @@ def timeline(workdir: Path, result: ScenarioResult, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    events = jsonl(layout.events_path(workdir))
-    lines = jsonl(layout.metrics_lines_path(workdir))
+    events = layout.read_lines(layout.events_path(workdir))
+    lines = layout.read_lines(layout.metrics_lines_path(workdir))
     started = min(e["time"] for e in events if e["kind"] == "job_started")
     minutes = [(line["time"] - started) / 60 for line in lines]
     figure, (reward, progress) = plt.subplots(2, 1, sharex=True, figsize=(9, 5.5))

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
+
 SPEC_FILE = "spec.json"
 META_FILE = "meta.json"
 
@@ -55,6 +57,15 @@ def events_path(workdir: Path) -> Path:
 
 def metrics_lines_path(workdir: Path) -> Path:
     return workdir / "metrics.jsonl"
+
+
+def read_lines(path: Path) -> list[dict]:
+    """The records of a JSON-lines file (events.jsonl, metrics.jsonl); none before it exists. A last line
+    still being appended is left out."""
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    return [orjson.loads(line) for line in raw[: raw.rfind(b"\n") + 1].splitlines()]
 
 
 def logs_dir(workdir: Path) -> Path:

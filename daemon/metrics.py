@@ -8,8 +8,9 @@ at scrape time: process states and restarts of the processes this node runs,
 its pre-imported interpreters (ready or importing), engine health, and for
 every job it follows (the leader: every job; another erld: the jobs with a
 process on its node) its quorum size, rollouts committed, step and rollout
-time, snapshot age, and replicas and engines held against their range; the
-state of this node's device slots; whether any node drains; whether this erld leads.
+time, snapshot age, time lost to faults (``policies.fault_time``), and
+replicas and engines held against their range; the state of this node's
+device slots; whether any node drains; whether this erld leads.
 ``/healthz`` answers 200 while the node lease is fresh.
 
 The server reads the erld that runs it through ``ServedNode``, the few
@@ -28,7 +29,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from checkpoints import layout
 from checkpoints.discovery import newest_committed_snapshot
+from policies.fault_time import FAULT_SIGNS, time_lost_to_faults
 
 if TYPE_CHECKING:
     from daemon.cluster import Cluster
@@ -118,6 +121,11 @@ class ClusterCollector:
             "erld_job_snapshot_age_seconds": ("seconds since the newest committed snapshot", lambda p, s: s),
         }
         families = {name: GaugeMetricFamily(name, text, labels=["job"]) for name, (text, _) in jobs.items()}
+        lost = GaugeMetricFamily(
+            "erld_job_time_lost_to_faults_seconds",
+            "time the job's faults cost: its rollout intervals with a fault, beyond its usual interval",
+            labels=["job"],
+        )
         for job, status in sorted(cluster.statuses.items()):
             if status.get("phase") != "running":
                 continue
@@ -129,8 +137,11 @@ class ClusterCollector:
                 value = value_of(progress, snapshot)
                 if value is not None:
                     families[name].add_metric([job], float(value))
+            if status.get("workdir"):
+                lost.add_metric([job], job_time_lost(Path(status["workdir"])))
         yield committed
         yield from families.values()
+        yield lost
 
         sizes = GaugeMetricFamily(
             "erld_job_size",
@@ -161,6 +172,13 @@ class ClusterCollector:
             devices.add_metric([node, str(device), "failed"], 1.0 if failed else 0.0)
             devices.add_metric([node, str(device), "healthy"], 0.0 if failed else 1.0)
         yield devices
+
+
+def job_time_lost(workdir: Path) -> float:
+    """``policies.fault_time`` over the job's metrics.jsonl and events.jsonl, as of now."""
+    trained = [line["time"] for line in layout.read_lines(layout.metrics_lines_path(workdir))]
+    faults = [event["time"] for event in layout.read_lines(layout.events_path(workdir)) if event["kind"] in FAULT_SIGNS]
+    return time_lost_to_faults(trained, faults, time.time())
 
 
 def newest_committed_snapshot_age(workdir: str | None) -> float | None:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import orjson
-
 from checkpoints import layout
 
 PANELS = (
@@ -34,10 +32,6 @@ MARKED_EVENTS = {
 }
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [orjson.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
 def plot_run(workdir: Path, out: Path, title: str) -> Path:
     import matplotlib
 
@@ -45,12 +39,12 @@ def plot_run(workdir: Path, out: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    lines = _jsonl(layout.metrics_lines_path(workdir))
+    lines = layout.read_lines(layout.metrics_lines_path(workdir))
     if not lines:
         raise ValueError(f"{workdir / 'metrics.jsonl'} holds no rollout yet")
     rollouts = np.array([line["rollout"] for line in lines])
     times = np.array([line["time"] for line in lines])
-    events = [e for e in _jsonl(layout.events_path(workdir)) if e["kind"] in MARKED_EVENTS]
+    events = [e for e in layout.read_lines(layout.events_path(workdir)) if e["kind"] in MARKED_EVENTS]
     figure, axes = plt.subplots(len(PANELS), 1, sharex=True, figsize=(8, 2.4 * len(PANELS)))
     for axis, (key, label) in zip(axes, PANELS):
         values = np.array([line.get(key, np.nan) for line in lines])

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from chaos.invariants import jsonl
+from checkpoints.layout import read_lines
 from tests.integration.erld_support import erl
 from tests.processes import REPO
 
@@ -41,7 +41,7 @@ def test_the_engine_hang_scenario_passes_with_its_report(tmp_path):
     assert (out / "report.md").read_text().startswith("# Chaos scenario `engine-hang`: PASSED")
     assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     # The only engine hung: found by the health check, replaced once, and the replacement served.
-    events = jsonl(Path(report["workdir"]) / "events.jsonl")
+    events = read_lines(Path(report["workdir"]) / "events.jsonl")
     kinds = Counter(e["kind"] for e in events if e.get("proc") == "engine-0")
     assert kinds["engine_unhealthy"] == 1 and kinds["proc_restarted"] == 1 and kinds["engine_serving"] == 1, kinds
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from chaos.harness import run_scenario
-from chaos.invariants import jsonl
 from chaos.scenario import load_scenario
 from checkpoints import layout
+from checkpoints.layout import read_lines
 from tests.integration.erld_support import NO_POOL
 from tests.processes import REPO
 
@@ -35,7 +35,7 @@ def run(name: str, out: Path, cache: Path) -> tuple[Path, Counter, list[dict]]:
     result = run_scenario(scenario, out, cache)
     assert result.passed, [check for check in result.checks if not check.held] or result.error
     workdir = out / "faulty" / "job"
-    events = jsonl(workdir / "events.jsonl")
+    events = read_lines(workdir / "events.jsonl")
     return workdir, Counter(e["kind"] for e in events), events
 
 
@@ -54,7 +54,7 @@ def test_nan_in_the_data_quarantines_the_batch_and_rolls_back(tmp_path, cache):
     assert kinds["trainer_rollback"] == 2, kinds  # both replicas restarted from the newest snapshot
     quarantined = NAN_STEP // 2
     assert layout.quarantined_rollouts(workdir) == {quarantined}
-    assert jsonl(workdir / "metrics.jsonl")[quarantined]["train/quarantined"] == 1.0
+    assert read_lines(workdir / "metrics.jsonl")[quarantined]["train/quarantined"] == 1.0
     assert not kinds["device_quarantined"]
 
 

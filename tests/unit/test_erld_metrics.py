@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from pathlib import Path
 
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from checkpoints import layout
 from daemon.cluster import Cluster
 from daemon.metrics import ClusterCollector
 from daemon.proctable import LocalProc, ProcessTable, ProcState
@@ -44,11 +48,13 @@ class FakeErld:
         return False
 
 
-def scraped() -> dict[str, object]:
-    """Every exported sample by name, from a cluster with a running job, a draining node and a failed slot."""
+def scraped(workdir: Path | None = None) -> dict[str, object]:
+    """Every exported sample by name, from a cluster with a running job (its work dir ``workdir``), a
+    draining node and a failed slot."""
     collector = ClusterCollector(FakeErld())
+    status = {"phase": "running", "size": {"replicas": [1, 1, 2], "engines": [1, 1, 1]}}
     collector.cluster = Cluster(
-        statuses={"job-1": {"phase": "running", "size": {"replicas": [1, 1, 2], "engines": [1, 1, 1]}}},
+        statuses={"job-1": {**status, "workdir": str(workdir)} if workdir else status},
         assignments={},
         nodes={},
         reported={},
@@ -87,6 +93,19 @@ def test_growing_figures_are_counters_and_the_headline_figures_are_there():
     assert samples["erld_job_reward_mean"].value == 0.5
     assert samples["erld_job_generated_tokens_per_second"].value == 180.0
     assert samples["erld_job_iteration_time_seconds"].value == 35.0
+
+
+def test_the_time_a_fault_cost_is_exported_from_the_jobs_record(tmp_path):
+    """Rollouts every 10 s; a process exit makes one interval 25 s: 15 s lost."""
+    now = time.time()
+    trained = [now - 60, now - 50, now - 40, now - 15, now - 5]
+    layout.metrics_lines_path(tmp_path).write_bytes(
+        b"".join(orjson.dumps({"rollout": i, "time": t}) + b"\n" for i, t in enumerate(trained))
+    )
+    events = [{"time": now - 30, "kind": "proc_exited"}, {"time": now - 8, "kind": "job_scaled"}]
+    layout.events_path(tmp_path).write_bytes(b"".join(orjson.dumps(event) + b"\n" for event in events))
+    lost = scraped(tmp_path)["samples"]["erld_job_time_lost_to_faults_seconds"].value
+    assert lost == pytest.approx(15.0, abs=0.01)
 
 
 def test_the_dashboard_asks_only_for_metrics_erld_exports():
