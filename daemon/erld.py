@@ -270,10 +270,10 @@ class Erld:
                 keys.placed_on(self.node),
                 *(p for job in sorted(jobs) for p in (keys.job(job), keys.assignments(job))),
             )
-        # What is no longer wanted goes first: an erld that stopped leading drops the whole cluster
-        # before following its node's part of it (a prefix under one followed is left to that one).
         if wanted == self.followed:
             return
+        # What is no longer wanted goes first: an erld that stopped leading drops the whole cluster
+        # before following its node's part of it (a prefix under one followed is left to that one).
         for prefix in self.mirror.prefixes:
             if prefix not in EVERY_NODE_FOLLOWS and not any(prefix.startswith(kept) for kept in wanted):
                 self.mirror.unfollow(prefix)
