@@ -23,7 +23,6 @@ and the whole cluster while it leads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any, Protocol
 
@@ -32,6 +31,8 @@ from elastic_rl.store.client import Store, StoreUnavailable, WatchBroken
 log = logging.getLogger("elastic_rl.store.mirror")
 
 RESYNC_PAUSE_S = 0.5
+STOP_WAIT_S = 5.0
+"""How long ``stop`` waits for the followers to end (one waiting on a watch ends when its stream does)."""
 
 
 class Listener(Protocol):
@@ -101,39 +102,56 @@ class Mirror:
         """Stop following, at once."""
         for follower in self._followers.values():
             follower.cancel()
+        self._followers.clear()
 
     async def stop(self) -> None:
+        followers = list(self._followers.values())
         self.cancel()
-        for follower in self._followers.values():
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
+        if followers:
+            await asyncio.wait(followers, timeout=STOP_WAIT_S)
 
     async def _load(self, prefix: str) -> int:
         found, revision = await self.store.read_prefix(prefix)
+        self._install(prefix, found, revision)
+        return revision
+
+    def _install(self, prefix: str, found: dict[str, tuple[Any, int]], revision: int) -> None:
         self._entries[prefix] = found
         if self.listener is not None:
             self.listener.reset(prefix, {key: value for key, (value, _) in found.items()})
         for key in [key for key, deleted in self._deleted.items() if key.startswith(prefix) and deleted <= revision]:
             del self._deleted[key]
-        return revision
 
     async def _follow(self, prefix: str, revision: int) -> None:
-        while True:
+        # A follower ends when it is no longer the prefix's, not only when cancelled: Python 3.11's
+        # asyncio.wait_for (under every etcd call) can swallow a cancellation that comes as its call
+        # completes, and a follower left over would re-read a prefix no longer followed.
+        me = asyncio.current_task()
+
+        def current() -> bool:
+            return self._followers.get(prefix) is me
+
+        while current():
             try:
                 async for change in self.store.watch_prefix(prefix, revision):
+                    if not current():
+                        return
                     self._apply(prefix, change.key, change.value, change.revision)
             except WatchBroken as exc:
                 log.info("%s; reading %s afresh", exc, prefix)
             except Exception:  # whatever else ended it, the copy must not go stale: read afresh
                 log.exception("following %s failed; reading it afresh", prefix)
-            while True:
+            while current():
                 await asyncio.sleep(RESYNC_PAUSE_S)
                 try:
-                    revision = await self._load(prefix)
-                    break
+                    found, revision = await self.store.read_prefix(prefix)
                 except StoreUnavailable as exc:
                     log.warning("re-reading %s failed (%s); trying again", prefix, exc)
-            self.resyncs += 1
+                    continue
+                if current():
+                    self._install(prefix, found, revision)
+                    self.resyncs += 1
+                break
 
     def _apply(self, prefix: str, key: str, value: Any | None, revision: int) -> None:
         entries = self._entries.get(prefix)
