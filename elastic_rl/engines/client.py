@@ -290,6 +290,14 @@ class EngineClient:
     async def continue_generation(self) -> None:
         await self._call("POST", "/continue_generation", {})
 
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Give back the engine's weights and KV cache memory (tags ``weights``, ``kv_cache``; none: both)
+        while it is idle: colocated mode's handover to the trainer."""
+        await self._call("POST", "/release_memory_occupation", {"tags": tags})
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        await self._call("POST", "/resume_memory_occupation", {"tags": tags})
+
     async def flush_cache(self) -> None:
         await self._call("POST", "/flush_cache")
 

@@ -178,6 +178,15 @@ def build_app(
         engine.resume()
         return _json({"message": "Generation continued successfully."})
 
+    async def release_memory(request: web.Request) -> web.Response:
+        engine.release_memory((await _body(request)).get("tags"))
+        return web.Response(status=200)
+
+    async def resume_memory(request: web.Request) -> web.Response:
+        # Shielded as a weight load is: it runs to its end even if its caller goes away.
+        await asyncio.shield(engine.resume_memory((await _body(request)).get("tags")))
+        return web.Response(status=200)
+
     async def flush_cache(request: web.Request) -> web.Response:
         if engine.running or engine.waiting:
             return _error("Cache not flushed: requests are running.", status=400)
@@ -201,6 +210,7 @@ def build_app(
                 "running_requests": len(engine.running),
                 "waiting_requests": len(engine.waiting),
                 "paused": engine.paused,
+                "memory_released": sorted(engine.released),
                 "generated_tokens": engine.generated_tokens,
                 "finished_requests": engine.finished_requests,
             }
@@ -236,6 +246,8 @@ def build_app(
     app.add_routes(routes)
     for method in ("GET", "POST"):
         app.router.add_route(method, "/flush_cache", flush_cache)
+        app.router.add_route(method, "/release_memory_occupation", release_memory)
+        app.router.add_route(method, "/resume_memory_occupation", resume_memory)
         # SGLang's older and newer names; the router asks for the newer ones first.
         for path in ("/get_model_info", "/model_info"):
             app.router.add_route(method, path, model_info)
