@@ -39,6 +39,8 @@ def test_state_changing_endpoints_refuse_a_caller_without_the_secret(checkpoints
                     ("/pause_generation", {"mode": "abort"}),
                     ("/abort_request", {"abort_all": True}),
                     ("/flush_cache", None),
+                    ("/release_memory_occupation", None),  # were it released, the keyed generate below would wait
+                    ("/resume_memory_occupation", None),
                     ("/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}}),
                 ]
             }
