@@ -112,15 +112,13 @@ class Controller:
     async def index_placements(self, cluster: Cluster) -> None:
         """Write the placement index as ``cluster``'s assignments have it (a pass's cluster read after
         ``tick``'s writes, so that they are in it)."""
-        wanted = placements(cluster.assignments)
-        puts, deletes = {}, set()
-        for node in wanted.keys() | cluster.placed.keys():
-            for job_id in wanted.get(node, {}).keys() | cluster.placed.get(node, {}).keys():
-                names = wanted.get(node, {}).get(job_id)
-                if names is None:
-                    deletes.add(keys.placement(node, job_id))
-                elif names != cluster.placed.get(node, {}).get(job_id):
-                    puts[keys.placement(node, job_id)] = names
+
+        def by_key(index: dict[str, dict[str, list[str]]]) -> dict[str, list[str]]:
+            return {keys.placement(node, job): names for node, jobs in index.items() for job, names in jobs.items()}
+
+        wanted, held = by_key(placements(cluster.assignments)), by_key(cluster.placed)
+        puts = {key: names for key, names in wanted.items() if held.get(key) != names}
+        deletes = held.keys() - wanted.keys()
         if puts or deletes:
             await self._commit(puts, deletes)
 
