@@ -24,8 +24,8 @@ import orjson
 from chaos.faults import NoTarget
 from chaos.invariants import check_run
 from chaos.report import ScenarioResult, analyse_faults, write_report
-from chaos.runner import JobRun, Moment, run_job
-from chaos.scenario import At, ChaosScenario, FaultKind
+from chaos.runner import JobRun, Moment, generating, run_job, training
+from chaos.scenario import At, ChaosScenario, During, FaultKind
 from chaos.topology import REPO, Topology
 from checkpoints import layout
 from elastic_rl.spec.loading import load_spec
@@ -53,6 +53,10 @@ def reference_key(scenario: ChaosScenario) -> str:
 
 
 def moment_of(at: At, rng: random.Random) -> Moment:
+    if at.during is During.GENERATION:
+        return generating(at.rollout)
+    if at.during is During.TRAINING:
+        return training(at.rollout)
     if at.rollout is not None:
         return at.rollout
     if at.seconds is not None:

@@ -59,6 +59,16 @@ def generating(rollout_id: int) -> Callable[[Path], bool]:
     return logged("orchestrator", f"rollout {rollout_id}: generating with weights")
 
 
+def training(rollout_id: int) -> Callable[[Path], bool]:
+    """A moment: rollout ``rollout_id`` is committed and the trainers have not published its weights yet."""
+
+    def moment(workdir: Path) -> bool:
+        committed = layout.rollout_dir(workdir, rollout_id).is_dir()
+        return committed and not layout.train_metrics_path(workdir, rollout_id).is_file()
+
+    return moment
+
+
 def _due(moment: Moment, workdir: Path, rollouts_done: int, elapsed: float) -> bool:
     if callable(moment):
         return moment(workdir)

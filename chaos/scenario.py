@@ -66,9 +66,17 @@ class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class During(Enum):
+    GENERATION = "generation"
+    TRAINING = "training"
+
+
 class At(Scenario):
     rollout: int | None = Field(None, ge=0)
     """Once this many rollouts are trained."""
+    during: During | None = None
+    """With rollout N: instead, while rollout N is generated (the orchestrator has begun it) or trained
+    (committed, its training not yet published): for a colocated job, which of the two turns it hits."""
     seconds: float | None = Field(None, ge=0)
     """This long after the job started."""
     between: tuple[int, int] | None = None
@@ -78,6 +86,8 @@ class At(Scenario):
     def _one_moment(self) -> At:
         if sum(value is not None for value in (self.rollout, self.seconds, self.between)) != 1:
             raise ValueError("give exactly one of rollout, seconds or between")
+        if self.during is not None and self.rollout is None:
+            raise ValueError("during names a phase of one rollout: give it with rollout")
         return self
 
 

@@ -23,6 +23,7 @@ rollout N publishes version N + 1. No torch here: the CLI uses this module.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import orjson
@@ -78,6 +79,15 @@ def proc_log_path(workdir: Path, proc: str) -> Path:
 
 def train_metrics_path(workdir: Path, rollout_id: int) -> Path:
     return workdir / "metrics" / f"train-{rollout_id:06d}.json"
+
+
+def phase_memory_dir(workdir: Path, rollout_id: int) -> Path:
+    """Colocated: each trainer rank's peak memory in the phases around a rollout (``trainer.offload``)."""
+    return workdir / "memory" / f"{rollout_id:06d}"
+
+
+def phase_memory_path(workdir: Path, rollout_id: int, proc: str) -> Path:
+    return phase_memory_dir(workdir, rollout_id) / f"{proc}.json"
 
 
 def rewound_dir(workdir: Path, stamp: str) -> Path:
@@ -150,6 +160,25 @@ def weights_versions(workdir: Path) -> list[int]:
 
 def latest_weights_version(workdir: Path) -> int | None:
     return max(weights_versions(workdir), default=None)
+
+
+SHARED_MEMORY = Path("/dev/shm/elastic-rl")
+"""Where weights passed in memory live (engines.weight_sync memory): a tmpfs on every Linux node."""
+
+
+def memory_weights_root(workdir: Path) -> Path:
+    """This job's weights in each node's shared memory: the same path on every node, one per work dir."""
+    digest = hashlib.sha256(str(workdir.resolve()).encode()).hexdigest()[:12]
+    return SHARED_MEMORY / f"{workdir.name}-{digest}"
+
+
+def memory_weights_dir(workdir: Path, version: int) -> Path:
+    return memory_weights_root(workdir) / str(version)
+
+
+def memory_weights_marker(workdir: Path, version: int) -> Path:
+    """Written (in the work dir) once the publishing replica has put ``version`` in its node's shared memory."""
+    return workdir / "weights_in_memory" / str(version)
 
 
 def engine_tokens_path(workdir: Path, node: str) -> Path:

@@ -32,7 +32,9 @@ each process under its node lease at ``/erl/jobs/<job>/procs/``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import shutil
 import signal
 import subprocess
 import sys
@@ -551,6 +553,8 @@ class JobAgent:
         }
         if serving:
             self._in_background("health", self._health_pass(serving))
+        if self.spec.colocated and "hung" not in self._background:
+            self._in_background("hung", self._replace_reported_hung(assigned))
         router = assigned.get("router")
         if router is not None and router["node"] == self.node and "prune" not in self._background:
             engine_urls = {server_url(a) for name, a in assigned.items() if proc_spec(name).role is Role.ENGINE}
@@ -570,6 +574,21 @@ class JobAgent:
             if "router" in assigned:
                 await engines.unregister(server_url(assigned["router"]), serving[name], self.secret)
             await self._replace_engine(proc, verdict.reason)
+
+    async def _replace_reported_hung(self, assigned: dict[str, dict]) -> None:
+        """Colocated: replace this node's engines the orchestrator reported hung in a handover (one that did not
+        release its memory in time); a report of an engine already gone is dropped."""
+        for key, report in (await self.store.get_prefix(keys.hung_reports(self.job_id))).items():
+            proc = self.table.get(self.job_id, keys.last_part(key))
+            if proc is None:
+                continue  # another node's engine: its agent acts on it
+            if proc.pid == report.get("pid") and proc.state is ProcState.RUNNING:
+                if proc.serving and "router" in assigned:
+                    await engines.unregister(
+                        server_url(assigned["router"]), url(proc.port, host=self.host), self.secret
+                    )
+                await self._replace_engine(proc, report.get("reason", "hung in a handover"))
+            await self.store.delete(key)
 
     async def _replace_engine(self, proc: LocalProc, reason: str) -> None:
         """An engine that is hung or did not start: killed, then dealt with as any exit of it is (restarted
@@ -607,6 +626,15 @@ class JobAgent:
         procs = [p for p in self.table.of_job(self.job_id) if p.state is not ProcState.STOPPED]
         if not procs:
             return
+        try:
+            await self._stop(procs, graceful)
+        finally:
+            if self.spec.engines.weight_sync == "memory":  # the copies the trainers here made, with them gone
+                shutil.rmtree(layout.memory_weights_root(self.workdir), ignore_errors=True)
+                with contextlib.suppress(OSError):  # and the common folder, unless another job's are in it
+                    layout.SHARED_MEMORY.rmdir()
+
+    async def _stop(self, procs: list[LocalProc], graceful: bool) -> None:
         serving = {p.name: url(p.port, host=self.host) for p in procs if p.serving and self.table.alive(p)}
         if serving:  # the engines' last count of the tokens they generated, before they go
             self._record_engine_tokens(await engines.loads(serving, STOPPING_READ_TIMEOUT_S))

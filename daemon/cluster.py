@@ -12,8 +12,9 @@ from typing import Any
 
 from daemon.plan import proc_spec
 from elastic_rl.store import keys
-from elastic_rl.store.devices import failed_slots, used_slots
+from elastic_rl.store.devices import assignment_slots, failed_slots, used_slots
 from policies.devices import DeviceKind
+from policies.placement import Group
 
 
 @dataclass
@@ -166,6 +167,26 @@ def by_group(assigned: dict[str, dict]) -> dict[str, dict[str, dict]]:
     for name, assignment in sorted(assigned.items()):
         groups.setdefault(proc_spec(name).group, {})[name] = assignment
     return groups
+
+
+def held_slots(groups: dict[str, dict[str, dict]]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Group -> (node, the slots its processes hold, in rank order): where a colocated group's host is."""
+    held = {}
+    for group, members in groups.items():
+        ranked = sorted(members.items(), key=lambda item: proc_spec(item[0]).rank)
+        slots = tuple(slot for _, assignment in ranked for slot in assignment_slots(assignment))
+        if slots:
+            held[group] = (node_of(members), slots)
+    return held
+
+
+def colocated_with(lost: dict[str, str], groups: dict[str, dict], wanted: dict[str, Group]) -> dict[str, str]:
+    """The held colocated groups whose host is ``lost``, with why: a colocated unit moves together."""
+    return {
+        group: f"it shares the slots of {wanted[group].host}, which moves ({lost[wanted[group].host]})"
+        for group in groups
+        if group not in lost and group in wanted and wanted[group].host in lost
+    }
 
 
 def reported_state(reported: dict[str, dict], proc: str, assignment: dict) -> str | None:

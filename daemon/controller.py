@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints import layout
-from daemon.cluster import Changes, Cluster, by_group, node_of, placements, reports
+from daemon.cluster import Changes, Cluster, by_group, colocated_with, held_slots, node_of, placements, reports
 from daemon.draining import drain_groups, relieved_lighthouse_in_use
 from daemon.plan import SERVICES, engine_group, group_procs, job_groups, replica_group
 from elastic_rl import jobenv
@@ -68,7 +68,7 @@ from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots
-from policies.capacity import SIZED, Size, Sweep, current_sizes, in_sweep, mark_growth
+from policies.capacity import SIZED, Size, Sweep, colocated_engines, current_sizes, in_sweep, mark_growth
 from policies.placement import TRAINER_KINDS, Group, GroupKind, place_groups
 
 log = logging.getLogger("erld.controller")
@@ -152,7 +152,10 @@ class Controller:
 
     @staticmethod
     def _sizes(spec: JobSpec, status: dict) -> dict[GroupKind, Size]:
-        return current_sizes(spec.declared_sizes, status.get("sizes", {}))
+        sizes = current_sizes(spec.declared_sizes, status.get("sizes", {}))
+        if spec.colocated:  # `erl scale --replicas` takes their engines along
+            sizes[GroupKind.ENGINE] = colocated_engines(sizes[GroupKind.REPLICA], spec.engines_per_replica)
+        return sizes
 
     def _wanted(self, spec: JobSpec, status: dict) -> dict[str, Group]:
         """The job's groups at their most: as many replicas and engines as their sizes allow now."""
@@ -248,6 +251,7 @@ class Controller:
         lost = {}
         if sweep is Sweep.NEEDED:
             lost = self._lost_groups(groups, wanted, reported, cluster)
+            lost.update(colocated_with(lost, groups, wanted))
             drained = drain_groups(job_id, groups, lost, reported, cluster, changes)
             lost.update(drained)
         for group in lost:
@@ -405,7 +409,7 @@ class Controller:
         others = {**cluster.assignments, job_id: held}
         free = Cluster(cluster.statuses, others, cluster.nodes, {}, cluster.failed, draining=cluster.draining).free()
         existing = {g: (wanted[g].kind, node_of(m)) for g, m in kept.items() if g in wanted}
-        placement = place_groups(missing, free, existing, cluster.kinds())
+        placement = place_groups(missing, free, existing, cluster.kinds(), held_slots(kept))
         for group, (node, devices) in placement.assigned.items():
             made = self._assign(wanted[group], node, devices, cluster.nodes, generation)
             for proc, assignment in made.items():

@@ -11,13 +11,17 @@ from the advertise host of the node its server runs on.
     engine-<i>      engine-<i>                  (engines.tp_size slots on one node; one for a cpu engine)
     replica-<k>     trainer-<k>-<rank>          (trainer.tensor_parallel slots on one node)
     spare-<s>       spare-<s>-<rank>            (likewise, warm spares)
+
+Colocated (``placement: colocated``), engine-<i> takes no slot of its own: it
+shares engines.tp_size slots of replica-<k> (k = i // the engines per replica),
+and moves with that replica.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
@@ -78,7 +82,12 @@ def _trainers_on_gpu(spec: JobSpec) -> bool:
 
 
 def engine_group(spec: JobSpec, index: int) -> Group:
-    return Group(f"engine-{index}", GroupKind.ENGINE, spec.engines.slots, spec.engines.kind == "sglang")
+    group = Group(f"engine-{index}", GroupKind.ENGINE, spec.engines.slots, spec.engines.kind == "sglang")
+    if not spec.colocated:
+        return group
+    replica, shard = divmod(index, spec.engines_per_replica)
+    shared = tuple(range(shard * spec.engines.slots, (shard + 1) * spec.engines.slots))
+    return replace(group, host=f"replica-{replica}", host_slots=shared)
 
 
 def group_procs(group: Group) -> list[ProcSpec]:

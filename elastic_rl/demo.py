@@ -80,7 +80,7 @@ async def show_generations(router: RouterClient, tokenizer, spec: JobSpec) -> No
 
 async def serve_and_generate(spec: JobSpec, v0: Path, v1: Path, workdir: Path) -> None:
     tokenizer = load_tokenizer(spec.model)
-    engine_ports = [free_port() for _ in range(spec.engines.count.max)]
+    engine_ports = [free_port() for _ in range(spec.engine_count)]
     router_port = free_port()
     layout.logs_dir(workdir).mkdir(parents=True, exist_ok=True)
     logs = [open(layout.proc_log_path(workdir, f"engine-{i}"), "wb") for i in range(len(engine_ports))]

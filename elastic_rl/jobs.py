@@ -11,8 +11,9 @@ from checkpoints.layout import committed_rollouts, version_after
 from checkpoints.rewind import rewind
 from elastic_rl import job_secret
 from elastic_rl.errors import ElasticRLError, InputError
-from elastic_rl.spec.engines import EnginesSpec
+from elastic_rl.spec.engines import DEFAULT_COUNT, EnginesSpec
 from elastic_rl.spec.job import JobSpec
+from elastic_rl.spec.placement import PlacementMode
 from elastic_rl.spec.sizes import SizeRange, declared_sizes
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
@@ -140,8 +141,18 @@ async def describe(store: Store, job_id: str, events: int = 10) -> dict[str, Any
         "num_rollouts": spec.get("rollout", {}).get("num_rollouts"),
         "progress": await store.get(keys.job_progress(job_id)) or {},
         "procs": dict(sorted(procs.items())),
+        "slots": slot_holders(assigned),
         "events": [found_events[key] for key in sorted(found_events)[-events:]],
     }
+
+
+def slot_holders(assigned: dict[str, dict]) -> dict[str, list[str]]:
+    """``<node>/<slot>`` -> the job's processes assigned to it (colocated: a trainer rank and an engine)."""
+    holders: dict[str, list[str]] = {}
+    for name, assignment in sorted(assigned.items()):
+        for slot in assignment_slots(assignment):
+            holders.setdefault(f"{assignment['node']}/{slot}", []).append(name)
+    return dict(sorted(holders.items()))
 
 
 async def resume(store: Store, job_id: str, snapshot_step: int | None = None) -> None:
@@ -198,9 +209,15 @@ async def scale(store: Store, job_id: str, asked: dict[str, int | tuple[int, int
         raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a running job scales")
     # Read, not validated again: this machine may lack what the job's nodes have (SGLang, data files).
     raw = await store.get(keys.job_spec(job_id))
+    if "engines" in asked and raw.get("placement") == PlacementMode.COLOCATED.value:
+        raise InputError(
+            f"job {job_id} is colocated: its engines share its replicas' devices and follow them; "
+            "scale it with --replicas"
+        )
+    engines = raw["engines"].get("count")
     declared = declared_sizes(
         SizeRange.model_validate(raw["trainer"]["replicas"]),
-        SizeRange.model_validate(raw["engines"]["count"]),
+        DEFAULT_COUNT if engines is None else SizeRange.model_validate(engines),
         bool(raw["debug"].get("rollout_only")),
         raw["debug"].get("train_only") is not None,
     )
@@ -286,8 +303,8 @@ async def describe_nodes(store: Store) -> dict[str, Any]:
                 slots = assignment_slots(assignment)
                 if not slots:
                     slotless.append(f"{job_id}/{proc}")
-                for slot in slots:
-                    holders[slot] = f"{job_id}/{proc}"
+                for slot in slots:  # colocated, a trainer rank and an engine share a slot
+                    holders[slot] = ", ".join(filter(None, (holders.get(slot), f"{job_id}/{proc}")))
         devices = []
         for index in range(info["devices"]):
             entry = failed.get(keys.ledger_entry(name, index))

@@ -102,6 +102,12 @@ def rescale(size: Size, asked: int | tuple[int, int], ceiling: int | None = None
     return Size(size.least, size.most, asked)
 
 
+def colocated_engines(replicas: Size, per_replica: int) -> Size:
+    """Colocated, the engines' size follows the replicas': ``per_replica`` engines share each replica's slots."""
+    pinned = None if replicas.pinned is None else replicas.pinned * per_replica
+    return Size(replicas.least * per_replica, replicas.most * per_replica, pinned)
+
+
 def current_sizes(declared: dict[str, tuple[int, int]], recorded: dict[str, list]) -> dict[GroupKind, Size]:
     """Each ranged kind's size: as `erl scale` recorded it in the job's status, else as the spec declares."""
     return {kind: Size(*recorded[name]) if name in recorded else Size(*declared[name]) for kind, name in SIZED.items()}

@@ -45,6 +45,9 @@ rollout's last step, the orchestrator after a commit. Not a crash: nothing resta
 EXIT_SYNC_HUNG = 74
 """A trainer's weight sync hung past its abort, and the trainer ended itself: a crash like any other
 (the last row), named so that no other code takes its number."""
+EXIT_HANDOVER_HUNG = 72
+"""Colocated: a trainer rank could not load its state onto its device, or offload it, within
+fault_tolerance.handover_timeout_s, and ended itself: a crash like any other (the last row)."""
 
 
 class ExitAction(Enum):

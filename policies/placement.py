@@ -13,6 +13,9 @@ tensor-parallel ranks, a warm spare's, one engine, or the job's three services
   most free slots, then the name.
 - The services go to the node holding the fewest of the job's groups (the
   node least likely to take a replica down with it), then the name.
+- A colocated engine takes no free slot: it goes onto slots of its host, the
+  replica whose devices it shares, wherever that replica is (placed in the same
+  call or before). Without its host placed it has no place either.
 - A group that needs CUDA (an SGLang engine, a replica training in bf16) goes
   only to a node whose slots are GPUs; a job's trainer groups all go to nodes
   of one kind, that of the first placed (torchft cannot join a replica on gloo
@@ -57,6 +60,10 @@ class Group:
     """It runs only on GPUs: an SGLang engine, or a replica training in bf16."""
     growth: bool = False
     """Beyond the job's minimum: placed only with the room the needed groups leave."""
+    host: str = ""
+    """Colocated: the group whose device slots this one shares (an engine's replica); empty otherwise."""
+    host_slots: tuple[int, ...] = ()
+    """Colocated: which of the host's slots it shares, as positions in the host's slot list."""
 
 
 @dataclass(frozen=True)
@@ -82,16 +89,27 @@ def place_groups(
     free: dict[str, list[int]],
     existing: dict[str, tuple[GroupKind, str]] | None = None,
     kinds: dict[str, DeviceKind] | None = None,
+    held: dict[str, tuple[str, tuple[int, ...]]] | None = None,
 ) -> Placement:
     """Place ``groups`` given each live node's free slots, the job's groups already placed
-    (``existing``: group name -> (kind, node)) and the kind of each node's slots (``kinds``; a node
-    not named is CPU). Groups that fit nowhere are left unplaced."""
+    (``existing``: group name -> (kind, node); ``held``: group name -> (node, slots), which colocated
+    groups' hosts need) and the kind of each node's slots (``kinds``; a node not named is CPU).
+    Groups that fit nowhere are left unplaced."""
     free = {node: sorted(slots) for node, slots in free.items()}
     where = dict(existing or {})
     kinds = kinds or {}
     assigned: dict[str, tuple[str, tuple[int, ...]]] = {}
+    hosts = dict(held or {})
     unplaced, not_grown = [], []
     for group in sorted(groups, key=lambda g: (g.growth, ORDER[g.kind], index_order(g.name))):
+        if group.host:
+            if group.host not in hosts:
+                (not_grown if group.growth else unplaced).append(group.name)
+                continue
+            node, host_slots = hosts[group.host]
+            assigned[group.name] = (node, tuple(host_slots[i] for i in group.host_slots))
+            where[group.name] = (group.kind, node)
+            continue
         allowed = _allowed_kinds(group, where, kinds)
         fitting = [
             node
@@ -104,18 +122,20 @@ def place_groups(
         count = Counter(node for kind, node in where.values() if _same_family(kind, group.kind))
         node = min(fitting, key=lambda n: (count[n], -len(free[n]), n))
         taken, free[node] = tuple(free[node][: group.slots]), free[node][group.slots :]
-        assigned[group.name] = (node, taken)
+        assigned[group.name] = hosts[group.name] = (node, taken)
         where[group.name] = (group.kind, node)
     reason = ""
     if unplaced:
-        needs = ", ".join(
-            f"{g.name} ({g.slots}{' CUDA' if g.cuda_only else ''} slots on one node)"
-            for g in groups
-            if g.name in unplaced
-        )
+        needs = ", ".join(f"{g.name} ({_needs(g)})" for g in groups if g.name in unplaced)
         have = ", ".join(f"{node}: {len(slots)}" for node, slots in sorted(free.items())) or "no live node"
         reason = f"no node has room for {needs}; free device slots left: {have}"
     return Placement(assigned, tuple(unplaced), reason, tuple(not_grown))
+
+
+def _needs(group: Group) -> str:
+    if group.host:
+        return f"on the slots of {group.host}"
+    return f"{group.slots}{' CUDA' if group.cuda_only else ''} slots on one node"
 
 
 def index_order(name: str) -> tuple[str, int]:

@@ -38,6 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from elastic_rl.engines.decoders import BatchedDecoder, Decoder, InvariantDecoder, SoloDecoder, invariant_floor
 from elastic_rl.engines.sampling import InvalidRequest, SamplingParams, choose_next_token, position_generator
+from elastic_rl.phase_memory import Phase, PhasePeaks
 
 log = logging.getLogger("elastic_rl.engines.cpu_engine")
 
@@ -113,6 +114,8 @@ class CpuEngine:
         """The memory tags given back (``release_memory``); requests wait until none is."""
         self.weight_shapes: dict[str, torch.Size] = {}
         """Each parameter's shape while the weights are released."""
+        self.memory_peaks = PhasePeaks(Phase.GENERATION)
+        """Its peak memory while it holds its weights (generation) and while they are released (training)."""
         self.admission_closed = False
         self.stepping = False
         self._wakeup = asyncio.Event()
@@ -307,6 +310,8 @@ class CpuEngine:
                 param.data = torch.empty(0, dtype=param.dtype)
         self.released |= tags
         _return_freed_memory()
+        if self.memory_peaks.phase is Phase.GENERATION:
+            self.memory_peaks.switch(Phase.TRAINING)
 
     async def resume_memory(self, tags: list[str] | None) -> None:
         """Take back what ``release_memory`` gave: the weights are loaded again from the folder they last
@@ -315,9 +320,17 @@ class CpuEngine:
         if "weights" in tags and "weights" in self.released:
             parameters = dict(self.model.named_parameters())
             for name, shape in self.weight_shapes.items():
-                parameters[name].data = torch.empty(shape, dtype=parameters[name].dtype)
-            await self._load_weights(self.model_path, _weight_files(self.model_path))
+                parameters[name].data = torch.zeros(shape, dtype=parameters[name].dtype)
+            try:
+                await self._load_weights(self.model_path, _weight_files(self.model_path))
+            except InvalidRequest as exc:
+                # Its folder was pruned (a newer version is out): like SGLang's weights without a host copy,
+                # they are not what any version was, so it reports none until a load gives it one.
+                log.warning("weights resumed without their values (%s): load a version next", exc)
+                self.weight_version = ""
         self.released -= tags
+        if not self.released and self.memory_peaks.phase is Phase.TRAINING:
+            self.memory_peaks.switch(Phase.GENERATION)
         self._wakeup.set()
 
     # --- the loop ---------------------------------------------------------------

@@ -211,6 +211,8 @@ def build_app(
                 "waiting_requests": len(engine.waiting),
                 "paused": engine.paused,
                 "memory_released": sorted(engine.released),
+                # Colocated mode's telemetry: the peak resident memory of the last phase of each kind.
+                "memory_peak_bytes": {phase.value: peak for phase, peak in engine.memory_peaks.last.items()},
                 "generated_tokens": engine.generated_tokens,
                 "finished_requests": engine.finished_requests,
             }
@@ -218,9 +220,10 @@ def build_app(
 
     @routes.get("/metrics")
     async def metrics(request: web.Request) -> web.Response:
-        page = load_metrics.render(
-            engine.generated_tokens, engine.finished_requests, len(engine.running), len(engine.waiting)
-        )
+        # Requests held while the memory is released wait for the trainers' turn to end, not for this
+        # engine: counted as queued, they would make an engine idle by design look hung to erld.
+        queued = 0 if engine.released else len(engine.waiting)
+        page = load_metrics.render(engine.generated_tokens, engine.finished_requests, len(engine.running), queued)
         return web.Response(text=page, content_type="text/plain")
 
     @routes.get("/get_weight_version")

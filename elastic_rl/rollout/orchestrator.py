@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from elastic_rl.progress import ProgressReporter
 from elastic_rl.rollout.evaluation import Evaluator
 from elastic_rl.rollout.generation import Serving
 from elastic_rl.rollout.groups import samples_record, to_batch
+from elastic_rl.rollout.handover import EngineHandover, slot_memory_metrics, slot_name
 from elastic_rl.rollout.inflight import InFlight
 from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.rollout_function import RolloutFunction
@@ -134,14 +136,33 @@ class Orchestrator:
         """The direct client's request count when the rollout in hand began."""
         self.last_recorded: float | None = None
         """When this orchestrator last appended a metrics line (time.time())."""
+        self.handover: EngineHandover | None = None
+        if self.spec.colocated:
+            self.handover = EngineHandover(
+                engines,
+                progress.store,
+                env.job,
+                self.spec.fault_tolerance.handover_timeout_s,
+                lambda kind, message: self.progress.event(kind, message),
+            )
+        self.weight_loads = Counter()
+        """Engines that loaded the rollout's weights from shared memory (True) and from disk (False)."""
+        self.engine_peaks: dict[int, dict[str, dict[str, int]]] = {}
+        """Colocated: rollout -> phase -> slot -> its engine's peak memory in that phase."""
 
     # --- weights --------------------------------------------------------------
 
     async def wait_for_weights(self, version: int) -> Path:
+        """The folder to load ``version`` from once it is out: with weights in memory (colocated), the
+        shared-memory copy as soon as the publisher has made it, else the disk export."""
         folder = layout.weights_dir(self.workdir, version)
-        while not folder.is_dir():
+        in_memory = self.spec.engines.weight_sync == "memory"
+        while True:
+            if in_memory and layout.memory_weights_marker(self.workdir, version).is_file():
+                return layout.memory_weights_dir(self.workdir, version)
+            if folder.is_dir():
+                return folder
             await asyncio.sleep(POLL_INTERVAL_S)
-        return folder
 
     async def wait_for_engines(self) -> None:
         """The router may have no engine yet (they start on other nodes, or are being replaced)."""
@@ -166,11 +187,17 @@ class Orchestrator:
             for url, outcome in zip(sorted(pending), loads):
                 if not isinstance(outcome, Exception):
                     pending.discard(url)
+                    self.weight_loads[folder != layout.weights_dir(self.workdir, version)] += 1
                 else:
                     log.warning("engine %s did not load weights %d: %s", url, version, outcome)
             if pending:
                 await asyncio.sleep(RETRY_ENGINES_S)
                 pending &= await self.engines.every_engine()
+                # A shared-memory copy is on the nodes of the replicas that published it: the others
+                # (and an engine that failed for another reason) take the disk export.
+                folder = layout.weights_dir(self.workdir, version)
+                while pending and not folder.is_dir():
+                    await asyncio.sleep(POLL_INTERVAL_S)
         self.engine_version = version
         return time.monotonic() - started
 
@@ -186,6 +213,35 @@ class Orchestrator:
             for url, info in zip(urls, infos)
             if isinstance(info, Exception) or str(info.get("weight_version")) != str(version)
         }
+
+    # --- colocated turns ---------------------------------------------------------
+
+    async def resume_engines(self, rollout_id: int) -> float:
+        """Colocated: the engines take their memory back before generating ``rollout_id`` (they released it
+        for the trainers' turn on the rollout before, whose peaks this ends); the seconds it took."""
+        if self.handover is None:
+            return 0.0
+        resumed = await self.handover.resume()
+        if rollout_id > 0:
+            self.engine_peaks.setdefault(rollout_id - 1, {})["training"] = resumed.peaks
+        return resumed.seconds
+
+    def slot_memory(self, rollout_id: int) -> dict[str, float]:
+        """Colocated: each slot's peak memory around ``rollout_id``, from its engine's and its trainer rank's."""
+        if self.handover is None:
+            return {}
+        engines = self.engine_peaks.pop(rollout_id, {})
+        trainers: dict[str, dict[str, int]] = {"generation": {}, "training": {}}
+        folder = layout.phase_memory_dir(self.workdir, rollout_id)
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            record = orjson.loads(path.read_bytes())
+            slot = slot_name(record["node"], record["slot"])
+            for phase, peaks in trainers.items():
+                if f"{phase}_peak_bytes" in record:
+                    peaks[slot] = record[f"{phase}_peak_bytes"]
+        return slot_memory_metrics(
+            engines.get("generation", {}), engines.get("training", {}), trainers["generation"], trainers["training"]
+        )
 
     # --- the loop ---------------------------------------------------------------
 
@@ -279,7 +335,13 @@ class Orchestrator:
         metrics_file = layout.train_metrics_path(self.workdir, rollout_id)
         trained = orjson.loads(metrics_file.read_bytes()) if metrics_file.is_file() else {}
         _, meta = read_rollout(self.workdir, rollout_id)
-        line = {"rollout": rollout_id, "time": time.time(), **meta["metrics"], **trained}
+        line = {
+            "rollout": rollout_id,
+            "time": time.time(),
+            **meta["metrics"],
+            **trained,
+            **self.slot_memory(rollout_id),
+        }
         if rollout_id in self.commit_times:
             line["rollout/commit_time"] = self.commit_times.pop(rollout_id)
         if self.last_recorded is not None:
@@ -330,6 +392,9 @@ class Orchestrator:
         # waiting for the trainers' weights (in sync mode: their training), loading them, eval.
         metrics["rollout/wait_weights_time"] = weights_wait
         metrics["rollout/weights_load_time"] = load_time
+        if self.spec.engines.weight_sync == "memory" and self.weight_loads.total():
+            # The share of the engines' loads that took the version from shared memory, not the disk export.
+            metrics["rollout/weights_from_memory"] = self.weight_loads[True] / self.weight_loads.total()
         metrics["rollout/eval_time"] = eval_time
         # Requests sent straight to the engines while the router was down (engines.access).
         metrics["rollout/direct_requests"] = float(self.engines.direct_requests - self.direct_requests_before)
@@ -383,12 +448,14 @@ class Orchestrator:
                 generator = self.sampler.generator
                 # rollout/failed_requests counts the rollout's weight loads and eval as well as its generation.
                 generator.failed_requests = 0
+                self.weight_loads.clear()
                 self.sampler.scorer.count_from_zero()
                 self.direct_requests_before = self.engines.direct_requests
                 version = 0 if debug.rollout_only else spec.generating_version(rollout_id)
                 waited = time.monotonic()
                 await self.wait_for_weights(version)  # the trainers' time: not bounded as a load is
                 weights_wait = time.monotonic() - waited
+                resume_time = await self.resume_engines(rollout_id)
                 load_time = await generator.serve(Serving(version, lambda version=version: self.serve_version(version)))
                 log.info("rollout %d: generating with weights %d", rollout_id, version)
             # In async mode this records the rollouts trained while this one waited for its weights.
@@ -399,6 +466,12 @@ class Orchestrator:
                 batch, meta = read_rollout(debug.train_only, rollout_id)  # replayed as it was generated
             else:
                 batch, meta = await self.generate_rollout(rollout_id, weights_wait, load_time)
+            if self.handover is not None:
+                # The trainers start on the commit: the engines have given their memory back by then.
+                released = await self.handover.release()
+                self.engine_peaks.setdefault(rollout_id, {})["generation"] = released.peaks
+                meta["metrics"]["handover/release_time"] = released.seconds
+                meta["metrics"]["handover/resume_time"] = resume_time
             meta["writer"] = self.writer()
             # The trainers ask this lighthouse for the rollout's quorums (it moves when the services do).
             meta["lighthouse"] = os.environ.get(jobenv.LIGHTHOUSE_URL)
@@ -411,6 +484,11 @@ class Orchestrator:
             log.info("rollout %d committed: %d samples", rollout_id, batch.size)
             if leaving:
                 await self.leave(rollout_id)
+        if self.handover is not None and recorded < spec.num_rollouts:
+            # The engines' memory back once the last rollout is trained: that ends their phase's peak.
+            while not self.trained(spec.num_rollouts - 1):
+                await asyncio.sleep(POLL_INTERVAL_S)
+            await self.resume_engines(spec.num_rollouts)
         for rollout_id in range(recorded, spec.num_rollouts):
             await self.record_trained(rollout_id)
         for sink in self.sinks:

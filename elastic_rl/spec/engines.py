@@ -11,6 +11,8 @@ from elastic_rl.spec.base import Component
 from elastic_rl.spec.sizes import SizeRange
 
 CPU_ENGINE_STARTUP_S = 300.0
+DEFAULT_COUNT = SizeRange(min=2, max=2)
+"""A disaggregated job's engines when engines.count is left out."""
 SGLANG_DEFAULTS = {"startup_timeout_s": 1800.0, "health_timeout_s": 10.0, "hang_timeout_s": 300.0}
 """What kind sglang changes of the engines' defaults: SGLang loads weights, captures CUDA graphs and
 warms up before /health first answers, and it holds its requests while it loads new weights, which
@@ -22,9 +24,10 @@ class EnginesSpec(Component):
 
     kind: Literal["cpu", "sglang"] = "cpu"
     """cpu: elastic-rl's own server on a transformers model. sglang: SGLang's server (GPU)."""
-    count: SizeRange = SizeRange(min=2, max=2)
+    count: SizeRange | None = None
     """Number of engines: a number, or ``{min, max}`` for a job that starts with ``min`` and adds
-    engines up to ``max`` as slots come free."""
+    engines up to ``max`` as slots come free. Left out: 2, or with ``placement: colocated`` (where it
+    must be left out) as many as the replicas' devices host."""
     tp_size: PositiveInt = 1
     """Tensor parallelism inside one SGLang engine: it takes this many GPU slots of one node. A cpu
     engine takes one slot."""
@@ -52,12 +55,14 @@ class EnginesSpec(Component):
     nor advanced its progress counter while holding work; one that answers late but generates is
     only loaded, and is left alone. Default 30 s for cpu engines, 300 s for sglang: long enough
     for a weight load, during which an engine holds its requests."""
-    weight_sync: Literal["disk", "distributed"] = "disk"
+    weight_sync: Literal["disk", "distributed", "memory"] = "disk"
     """How engines get each new weight version. disk: they load weights/<version>, which the
     trainer writes. distributed (SGLang engines in sync mode): first the trainer's rank 0 broadcasts
     the weights into every engine over NCCL (update_weights_from_distributed), the fast path when
     engines and trainers share a node; the version is still written to disk, and an engine the
-    broadcast missed loads it from there. Built but never yet run on a GPU (docs/gpu.md)."""
+    broadcast missed loads it from there. Built but never yet run on a GPU (docs/gpu.md). memory
+    (placement colocated only): the engines take each version from the memory of the trainers that
+    share their node, with no wait for the disk export (see the README's colocated section)."""
     weight_sync_timeout_s: PositiveFloat = 300.0
     """A distributed weight sync not done within this is aborted by a watchdog (never left to
     NCCL's 30-minute default); the engines then load that version from disk."""

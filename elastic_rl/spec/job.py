@@ -17,13 +17,14 @@ from elastic_rl.spec.base import Component
 from elastic_rl.spec.checkpoints import CheckpointSpec
 from elastic_rl.spec.data import DataSpec
 from elastic_rl.spec.debug import DebugSpec
-from elastic_rl.spec.engines import EnginesSpec
+from elastic_rl.spec.engines import DEFAULT_COUNT, EnginesSpec
 from elastic_rl.spec.eval import EvalSpec
 from elastic_rl.spec.fault_tolerance import FaultToleranceSpec
 from elastic_rl.spec.metrics import MetricsSpec
 from elastic_rl.spec.model import ModelSpec
+from elastic_rl.spec.placement import PlacementMode
 from elastic_rl.spec.rollout import RolloutSpec
-from elastic_rl.spec.sizes import declared_sizes
+from elastic_rl.spec.sizes import SizeRange, declared_sizes
 from elastic_rl.spec.trainer import TrainerSpec
 
 
@@ -36,6 +37,9 @@ class JobSpec(Component):
     """Seed of everything random in the job."""
     workdir: Path | None = None
     """Where snapshots, the rollout log, weights and logs go; default ./runs/<name>."""
+    placement: PlacementMode = PlacementMode.DISAGGREGATED
+    """disaggregated: trainers and engines on slots of their own. colocated: they share each slot and
+    take turns (see the README's colocated section)."""
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
     rollout: RolloutSpec = RolloutSpec()
@@ -150,6 +154,46 @@ class JobSpec(Component):
         return self
 
     @model_validator(mode="after")
+    def _colocation_fits(self) -> JobSpec:
+        """Joins placement with engines, trainer, rollout, fault_tolerance and debug."""
+        if self.placement is not PlacementMode.COLOCATED:
+            if self.engines.weight_sync == "memory":
+                raise ValueError(
+                    "engines.weight_sync memory passes weights to the engines that share the trainers' devices: "
+                    "set placement colocated, or use disk"
+                )
+            return self
+        problems = []
+        if self.engines.count is not None:
+            problems.append(
+                "remove engines.count (or --set engines.count=null): colocated, the engines follow the replicas "
+                "(each replica's slots host trainer.tensor_parallel / engines.tp_size engines)"
+            )
+        if self.trainer.tensor_parallel % self.engines.tp_size:
+            problems.append(
+                f"trainer.tensor_parallel ({self.trainer.tensor_parallel}) must be a multiple of engines.tp_size "
+                f"({self.engines.tp_size}): each engine shares the devices of ranks of one replica"
+            )
+        if self.rollout.mode != "sync":
+            problems.append(
+                "set rollout.mode sync: colocated engines and trainers take turns on the same devices, so the "
+                "engines cannot generate ahead while the trainers train"
+            )
+        if self.engines.weight_sync == "distributed":
+            problems.append(
+                "engines.weight_sync distributed broadcasts to engines on other devices: use memory or disk"
+            )
+        if self.fault_tolerance.warm_spares:
+            problems.append("set fault_tolerance.warm_spares 0: a warm spare would hold a device no engine shares")
+        if self.debug.rollout_only or self.debug.train_only is not None:
+            problems.append(
+                "remove debug.rollout_only and debug.train_only: a colocated job needs both trainers and engines"
+            )
+        if problems:
+            raise ValueError(f"placement colocated: {'; '.join(problems)}")
+        return self
+
+    @model_validator(mode="after")
     def _eval_has_engines(self) -> JobSpec:
         """Joins debug and eval."""
         if self.debug.train_only is not None and self.eval.interval_rollouts:
@@ -173,9 +217,26 @@ class JobSpec(Component):
         return min(self.rollout.max_prompt_len or room, room)
 
     @property
+    def colocated(self) -> bool:
+        return self.placement is PlacementMode.COLOCATED
+
+    @property
+    def engines_per_replica(self) -> int:
+        """Colocated: the engines that share one replica's device slots."""
+        return self.trainer.tensor_parallel // self.engines.tp_size
+
+    @property
+    def engine_range(self) -> SizeRange:
+        """The engines' range: as declared, or colocated, the replicas' times the engines each hosts."""
+        if not self.colocated:
+            return self.engines.count or DEFAULT_COUNT
+        replicas, per_replica = self.trainer.replicas, self.engines_per_replica
+        return SizeRange(min=replicas.min * per_replica, max=replicas.max * per_replica)
+
+    @property
     def engine_count(self) -> int:
         """The most engines the job holds: none when it only trains (debug.train_only)."""
-        return 0 if self.debug.train_only is not None else self.engines.count.max
+        return 0 if self.debug.train_only is not None else self.engine_range.max
 
     @property
     def trainer_groups(self) -> tuple[int, int]:
@@ -188,14 +249,15 @@ class JobSpec(Component):
     def declared_sizes(self) -> dict[str, tuple[int, int]]:
         """(fewest, most) replicas and engines, as declared (`erl scale` may change them later)."""
         return declared_sizes(
-            self.trainer.replicas, self.engines.count, self.debug.rollout_only, self.debug.train_only is not None
+            self.trainer.replicas, self.engine_range, self.debug.rollout_only, self.debug.train_only is not None
         )
 
     @property
     def devices_needed(self) -> int:
-        """Device slots the job takes at its largest: each engine's (its tensor-parallel size) and one
-        per trainer rank, warm spares included."""
-        return self.engine_count * self.engines.slots + sum(self.trainer_groups) * self.trainer.tensor_parallel
+        """Device slots the job takes at its largest: each engine's (its tensor-parallel size; none when
+        colocated, as it shares its replica's) and one per trainer rank, warm spares included."""
+        engines = 0 if self.colocated else self.engine_count * self.engines.slots
+        return engines + sum(self.trainer_groups) * self.trainer.tensor_parallel
 
     @property
     def needs_cuda(self) -> bool:

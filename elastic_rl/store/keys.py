@@ -17,6 +17,9 @@
     /erl/jobs/<job>/procs/<proc>           a running job process as its agent reports it: node,
                                            state, pid, port, device, generation, restarts (bound
                                            to the agent's node lease)
+    /erl/jobs/<job>/hung/<proc>            colocated: an engine that did not release its memory within
+                                           fault_tolerance.handover_timeout_s, as the orchestrator found
+                                           it: its pid and why; its agent replaces it and deletes the key
     /erl/assign/<job>/<proc>               the controller's assignment of a process: node, device
                                            slots, port, generation; an agent runs exactly what is
                                            assigned to its node, at the generation assigned
@@ -91,6 +94,14 @@ def procs(job_id: str) -> str:
 
 def proc(job_id: str, name: str) -> str:
     return f"{procs(job_id)}{name}"
+
+
+def hung_reports(job_id: str) -> str:
+    return f"{job(job_id)}hung/"
+
+
+def hung_report(job_id: str, name: str) -> str:
+    return f"{hung_reports(job_id)}{name}"
 
 
 def assignments(job_id: str) -> str:

@@ -5,13 +5,15 @@ all hold the same ones, so that if the publisher died between its commit and
 its export, another replica's rank 0 writes the missing version while it waits
 for the next rollout (no collective is needed there). With
 ``engines.weight_sync: distributed`` the publisher first broadcasts a new
-version into the engines (``trainer.weight_broadcast``); the disk copy is
-written either way.
+version into the engines (``trainer.weight_broadcast``); with ``memory`` (colocated) every
+replica's rank 0 first puts it in its node's shared memory, which the engines load at once. The disk
+copy is written either way: a restarted engine and a warm start read it.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -47,11 +49,18 @@ class RolloutPublisher:
         self.pending_since = 0.0
         self.takeover_after_s = 2 * spec.fault_tolerance.heartbeat_timeout_ms / 1000 + 1.0
 
-    def publish(self, rollout_id: int, metrics: dict, exporter: bool) -> None:
-        # Every TP rank takes part in gathering the weights; rank 0 writes.
-        weights = full_state_dict(self.model)
+    def gather(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights: every TP rank takes part; rank 0's are the ones written."""
+        return full_state_dict(self.model)
+
+    def publish(self, rollout_id: int, metrics: dict, exporter: bool, weights: dict | None = None) -> None:
+        """Publish (the exporter) or keep for a takeover the weights after ``rollout_id``: ``weights`` as
+        ``gather`` made them, or gathered now."""
+        weights = self.gather() if weights is None else weights
         if not self.rank0:
             return
+        if self.spec.engines.weight_sync == "memory":
+            metrics = {**metrics, **self._put_in_memory(layout.version_after(rollout_id), weights, exporter)}
         if exporter:
             self._write(rollout_id, weights, {**metrics, **self._broadcast(layout.version_after(rollout_id), weights)})
         else:
@@ -83,6 +92,28 @@ class RolloutPublisher:
                 version=version,
             )
         return {"train/broadcast_time": spent, "train/broadcast_engines": float(len(took))}
+
+    def _put_in_memory(self, version: int, weights: dict, exporter: bool) -> dict[str, float]:
+        """Put a new version in this node's shared memory, where the colocated engines load it from without
+        waiting for the disk export (every replica's rank 0 does, so every node of the job has it); the
+        exporter then says so in the work dir. The previous version stays: an engine resuming its memory
+        reloads the version it last served."""
+        if version <= (layout.latest_weights_version(self.workdir) or 0):
+            return {}  # a replayed rollout: its version is out already
+        started = time.monotonic()
+        target = layout.memory_weights_dir(self.workdir, version)
+        if not target.exists():
+            try:
+                self.source.export(target, weights)
+            except OSError:
+                if not target.exists():
+                    raise  # not another replica's copy on this node: a real failure
+        for older in layout.memory_weights_root(self.workdir).iterdir():
+            if older.name.isdigit() and int(older.name) < version - 1:
+                shutil.rmtree(older, ignore_errors=True)
+        if exporter:
+            write_file_atomic(layout.memory_weights_marker(self.workdir, version), b"")
+        return {"train/memory_publish_time": time.monotonic() - started}
 
     def _write(self, rollout_id: int, weights: dict, metrics: dict) -> None:
         version = layout.version_after(rollout_id)

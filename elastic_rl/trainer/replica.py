@@ -68,6 +68,7 @@ from elastic_rl.trainer.heal_transport import LoopbackTransport
 from elastic_rl.trainer.lr_schedule import lr_lambda
 from elastic_rl.trainer.nan_injection import install_from_environment
 from elastic_rl.trainer.nan_response import respond_to_nan
+from elastic_rl.trainer.offload import Residency
 from elastic_rl.trainer.publisher import RolloutPublisher
 from elastic_rl.trainer.warm_spare import wait_for_place
 from elastic_rl.trainer.weight_broadcast import WeightBroadcaster
@@ -139,6 +140,16 @@ class TrainerReplica:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(spec, self.total_steps))
         self.state = TrainingState(self.model, self.optimizer, self.scheduler)
         self.spec_hash = jobenv.spec_hash(spec)
+        # Colocated: the state leaves the device for the engines' turn (``trainer.offload``).
+        self.residency = None
+        if spec.colocated:
+            self.residency = Residency(
+                (self.model, self.reference),
+                self.optimizer,
+                torch.device(where),
+                spec.fault_tolerance.handover_timeout_s,
+            )
+        self.handover_times: dict[str, float] = {}
 
         self.assignment = Assignment.from_environ()
         self.spare = os.environ.get(jobenv.SPARE)
@@ -302,11 +313,15 @@ class TrainerReplica:
             if index == 0 and rollout_id in layout.quarantined_rollouts(self.workdir):
                 self.skip_quarantined(rollout_id, position)
                 continue
+            if index == 0 and self.residency is not None:
+                self.residency.offload()  # the engines' turn (a no-op after a published rollout)
             if index == 0 and (self.stop_request.requested or not self.wait_for_rollout(rollout_id)):
                 self.stop(rollout_id)
                 break
             if index == 0:
                 self.follow_lighthouse(rollout_id)
+                if self.residency is not None:
+                    self.handover_times["train/onload_time"] = self.residency.onload()
             position, peer_rollout = self.start_quorum(position)
             rollout_id, index = divmod(position, self.steps_per_rollout)
             if not self.train_step(rollout_id, index, position, peer_rollout):
@@ -461,12 +476,19 @@ class TrainerReplica:
         metrics = self.trainer.rollout_metrics(self.context)
         # The orchestrator's time, as the trainers saw it (in sync mode: the weights' load and the generation).
         metrics["train/wait_rollout_time"] = self.rollout_wait_s
+
         # Nothing is committed by a replica whose assignment a newer instance holds.
         self.leaving = self.assignment.exit_if_superseded_blocking()
         # Replica leader snapshots for the job; the others hold the same state.
         if self.leader and (rollout_id + 1) % self.spec.checkpoints.interval_rollouts == 0:
             metrics.update(self.save_snapshot(rollout_id))
-        self.publisher.publish(rollout_id, metrics, exporter=self.leader)
+        weights = self.publisher.gather()  # on the device: the gather's collectives run there
+        if self.residency is not None:
+            # Offloaded before the weights go out: the engines take their turn as soon as they have them.
+            self.handover_times["train/offload_time"] = self.residency.offload()
+            self.residency.write_peaks(self.workdir, rollout_id, self.proc, os.environ.get(jobenv.NODE), self.device)
+            metrics.update(self.handover_times)
+        self.publisher.publish(rollout_id, metrics, self.leader, weights)
         if rollout_id == self.replay_end and self.first_rollout > 0:
             self.report_caught_up(rollout_id)
 

@@ -342,8 +342,8 @@ def test_the_toy_answer_has_toy_digits_and_must_fit_in_max_new_tokens():
 @pytest.mark.parametrize(
     "overrides, recorded",
     [
-        ([], "818c3c209954f59c"),
-        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "2e23d78b0ac804c5"),
+        ([], "8eeff5bfb7ed617f"),
+        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "613be5797a4168fd"),
     ],
 )
 def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
@@ -353,6 +353,7 @@ def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
     # which replaced engines.health_failure_threshold, did, and rollout.ignore_eos,
     # continue_inflight and inflight_persist_interval_s did, fault_tolerance.below_min_grace_s did, and
     # rollout.reward_model, rollout_function and max_rollout_function_failures did, and
-    # algorithm.advantage_std_epsilon and use_rollout_logprobs did.
+    # algorithm.advantage_std_epsilon and use_rollout_logprobs did, and placement and
+    # fault_tolerance.handover_timeout_s did.
     # A fixed trainer.replicas or engines.count is written as a number, as before they could be ranges.
     assert spec_hash(load_spec(SPEC, overrides)) == recorded

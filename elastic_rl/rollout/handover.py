@@ -1,0 +1,175 @@
+"""Colocated mode's engine side of the handover, as the orchestrator drives it over SGLang's HTTP contract.
+
+The turns, with the trainers' side (``trainer.offload``):
+
+1. The engines generate rollout N (the trainers' state is offloaded).
+2. Before rollout N is committed, every engine releases its weights and KV cache
+   (``/release_memory_occupation``); the trainers start only on the commit, so they never train while
+   an engine still holds its memory.
+3. The trainers load their state, train rollout N, offload, and publish weights N + 1.
+4. Every engine resumes its memory (``/resume_memory_occupation``) and takes weights N + 1.
+
+An engine that does not release within ``fault_tolerance.handover_timeout_s`` (a request that will not
+end, a server that does not answer) is taken for hung: the orchestrator reports it in etcd
+(``keys.hung_report``) and the engine's agent replaces it as it replaces an engine its health check
+finds hung. One that is gone (out of every list of engines) is not waited for.
+
+Each engine reports its peak memory of the phase that a release or a resume ends; with the trainers'
+(``trainer.offload``) they give each slot's peak in each phase (``slot_memory_metrics``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_rl.engines.access import EngineAccess
+from elastic_rl.engines.client import EngineClient
+from elastic_rl.errors import EngineRejected
+from elastic_rl.phase_memory import Phase
+from elastic_rl.store import keys
+from elastic_rl.store.client import Store
+
+log = logging.getLogger("elastic_rl.orchestrator")
+
+RETRY_S = 0.05
+QUERY_TIMEOUT_S = 5.0
+
+
+@dataclass
+class EngineTurn:
+    """What one release or resume of every engine took."""
+
+    seconds: float = 0.0
+    peaks: dict[str, int] = field(default_factory=dict)
+    """Slot -> the engine's peak memory in the phase that ended."""
+    hung: list[str] = field(default_factory=list)
+    """Engines reported hung (release only)."""
+
+
+class EngineHandover:
+    """Releases and resumes every engine of a colocated job."""
+
+    def __init__(
+        self,
+        engines: EngineAccess,
+        store: Store | None,
+        job: str,
+        timeout_s: float,
+        report: Callable[[str, str], Awaitable[None]],
+    ):
+        self.engines, self.store, self.job = engines, store, job
+        self.timeout_s = timeout_s
+        self.report = report
+        """An event for the job: (kind, message)."""
+
+    async def release(self) -> EngineTurn:
+        """Every engine gives back its memory; one that will not within the timeout is reported hung."""
+        started = time.monotonic()
+        urls = sorted(await self.engines.every_engine())
+        released = await asyncio.gather(*(self._release(url, started + self.timeout_s) for url in urls))
+        hung = [url for url, done in zip(urls, released) if not done]
+        for url in hung:
+            await self._report_hung(url)
+        turn = EngineTurn(time.monotonic() - started, hung=hung)
+        turn.peaks = await self._peaks([url for url in urls if url not in hung], Phase.GENERATION)
+        return turn
+
+    async def resume(self) -> EngineTurn:
+        """Every engine takes its memory back (loading the weights it last served); failures are left to
+        the weight load that follows, which retries until the engine serves or is gone."""
+        started = time.monotonic()
+        urls = sorted(await self.engines.every_engine())
+        outcomes = await asyncio.gather(
+            *(EngineClient(url).resume_memory_occupation() for url in urls), return_exceptions=True
+        )
+        for url, outcome in zip(urls, outcomes):
+            if isinstance(outcome, Exception):
+                log.warning("engine %s did not resume its memory: %s", url, outcome)
+        turn = EngineTurn(time.monotonic() - started)
+        turn.peaks = await self._peaks(urls, Phase.TRAINING)
+        return turn
+
+    async def _release(self, url: str, deadline: float) -> bool:
+        """Whether ``url`` released by ``deadline`` (or is gone, so nothing is left to release)."""
+        client = EngineClient(url, timeout_s=QUERY_TIMEOUT_S, attempts=1)
+        while time.monotonic() < deadline:
+            try:
+                await client.release_memory_occupation()
+                return True
+            except EngineRejected:
+                pass  # requests still running (an abort on its way): asked again
+            except Exception as exc:
+                if url not in await self.engines.every_engine():
+                    return True
+                log.warning("engine %s did not answer a release: %s", url, exc)
+            await asyncio.sleep(RETRY_S)
+        return False
+
+    async def _report_hung(self, url: str) -> None:
+        message = (
+            f"engine at {url} did not release its memory within fault_tolerance.handover_timeout_s "
+            f"({self.timeout_s:g} s)"
+        )
+        await self.report("handover_timeout", message)
+        if self.store is None:
+            return
+        for name, record in (await self._engine_records()).items():
+            if record.get("url") == url:
+                await self.store.put(keys.hung_report(self.job, name), {"pid": record.get("pid"), "reason": message})
+
+    async def _engine_records(self) -> dict[str, dict[str, Any]]:
+        records = await self.store.get_prefix(keys.procs(self.job)) if self.store is not None else {}
+        return {keys.last_part(key): r for key, r in records.items() if r.get("role") == "engine"}
+
+    async def _peaks(self, urls: list[str], phase: Phase) -> dict[str, int]:
+        """Slot -> the peak of ``phase`` each engine reports (an engine that does not report one is left out)."""
+        slots = {
+            r.get("url"): slot_name(r.get("node"), r.get("device")) for r in (await self._engine_records()).values()
+        }
+        infos = await asyncio.gather(
+            *(EngineClient(url, timeout_s=QUERY_TIMEOUT_S, attempts=1).server_info() for url in urls),
+            return_exceptions=True,
+        )
+        peaks = {}
+        for url, info in zip(urls, infos):
+            if not isinstance(info, Exception) and phase.value in info.get("memory_peak_bytes", {}):
+                peaks[slots.get(url, url)] = int(info["memory_peak_bytes"][phase.value])
+        return peaks
+
+
+def slot_name(node: str | None, slot: Any) -> str:
+    """How the telemetry names a slot: ``<node>/<slot>``."""
+    return f"{node}/{slot}"
+
+
+def slot_memory_metrics(
+    engine_generation: dict[str, int],
+    engine_training: dict[str, int],
+    trainer_generation: dict[str, int],
+    trainer_training: dict[str, int],
+) -> dict[str, float]:
+    """Each slot's peak memory in each phase (what its engine and its trainer rank peaked at then, added:
+    at most what the slot held at once), the largest slot's, and what colocation saved: the sum over slots
+    of the two processes' own peaks (what two slots of their own would have held) less the slot's peak."""
+    metrics: dict[str, float] = {}
+    saved, largest = 0, 0
+    for slot in sorted(set(engine_generation) | set(trainer_training)):
+        generation = engine_generation.get(slot, 0) + trainer_generation.get(slot, 0)
+        training = trainer_training.get(slot, 0) + engine_training.get(slot, 0)
+        metrics[f"memory/{slot}/generation_peak_bytes"] = float(generation)
+        metrics[f"memory/{slot}/training_peak_bytes"] = float(training)
+        peak = max(generation, training)
+        largest = max(largest, peak)
+        apart = max(engine_generation.get(slot, 0), engine_training.get(slot, 0)) + max(
+            trainer_training.get(slot, 0), trainer_generation.get(slot, 0)
+        )
+        saved += apart - peak
+    if metrics:
+        metrics["memory/slot_peak_bytes_max"] = float(largest)
+        metrics["memory/colocation_saved_bytes"] = float(saved)
+    return metrics
