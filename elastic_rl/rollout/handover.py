@@ -9,8 +9,8 @@ The turns, with the trainers' side (``trainer.offload``):
 3. The trainers load their state, train rollout N, offload, and publish weights N + 1.
 4. Every engine resumes its memory (``/resume_memory_occupation``) and takes weights N + 1.
 
-An engine that does not release within ``fault_tolerance.handover_timeout_s`` (a request that will not
-end, a server that does not answer) is taken for hung: the orchestrator reports it in etcd
+An engine that does not release or resume within ``fault_tolerance.handover_timeout_s`` (a request that
+will not end, a server that does not answer) is taken for hung: the orchestrator reports it in etcd
 (``keys.hung_report``) and the engine's agent replaces it as it replaces an engine its health check
 finds hung. One that is gone (out of every list of engines) is not waited for.
 
@@ -48,7 +48,7 @@ class EngineTurn:
     peaks: dict[str, int] = field(default_factory=dict)
     """Slot -> the engine's peak memory in the phase that ended."""
     hung: list[str] = field(default_factory=list)
-    """Engines reported hung (release only)."""
+    """Engines reported hung."""
 
 
 class EngineHandover:
@@ -68,51 +68,48 @@ class EngineHandover:
         """An event for the job: (kind, message)."""
 
     async def release(self) -> EngineTurn:
-        """Every engine gives back its memory; one that will not within the timeout is reported hung."""
-        started = time.monotonic()
-        urls = sorted(await self.engines.every_engine())
-        released = await asyncio.gather(*(self._release(url, started + self.timeout_s) for url in urls))
-        hung = [url for url, done in zip(urls, released) if not done]
-        for url in hung:
-            await self._report_hung(url)
-        turn = EngineTurn(time.monotonic() - started, hung=hung)
-        turn.peaks = await self._peaks([url for url in urls if url not in hung], Phase.GENERATION)
-        return turn
+        """Every engine gives back its memory (one still finishing a request is asked again)."""
+        return await self._turn("release", Phase.GENERATION)
 
     async def resume(self) -> EngineTurn:
-        """Every engine takes its memory back (loading the weights it last served); failures are left to
-        the weight load that follows, which retries until the engine serves or is gone."""
+        """Every engine takes its memory back, loading the weights it last served."""
+        return await self._turn("resume", Phase.TRAINING)
+
+    async def _turn(self, step: str, ended: Phase) -> EngineTurn:
+        """``step`` on every engine at once; one that has not done it within the timeout is reported hung.
+        Returns the time taken and each engine's peak in the ``ended`` phase."""
         started = time.monotonic()
         urls = sorted(await self.engines.every_engine())
-        outcomes = await asyncio.gather(
-            *(EngineClient(url).resume_memory_occupation() for url in urls), return_exceptions=True
-        )
-        for url, outcome in zip(urls, outcomes):
-            if isinstance(outcome, Exception):
-                log.warning("engine %s did not resume its memory: %s", url, outcome)
-        turn = EngineTurn(time.monotonic() - started)
-        turn.peaks = await self._peaks(urls, Phase.TRAINING)
+        done = await asyncio.gather(*(self._step(url, step, started + self.timeout_s) for url in urls))
+        hung = [url for url, finished in zip(urls, done) if not finished]
+        for url in hung:
+            await self._report_hung(url, step)
+        turn = EngineTurn(time.monotonic() - started, hung=hung)
+        turn.peaks = await self._peaks([url for url in urls if url not in hung], ended)
         return turn
 
-    async def _release(self, url: str, deadline: float) -> bool:
-        """Whether ``url`` released by ``deadline`` (or is gone, so nothing is left to release)."""
-        client = EngineClient(url, timeout_s=QUERY_TIMEOUT_S, attempts=1)
-        while time.monotonic() < deadline:
+    async def _step(self, url: str, step: str, deadline: float) -> bool:
+        """Whether ``url`` did ``step`` by ``deadline`` (or is gone, so nothing is left to do)."""
+        while (left := deadline - time.monotonic()) > 0:
+            client = EngineClient(url, timeout_s=left, attempts=1)
             try:
-                await client.release_memory_occupation()
+                if step == "release":
+                    await client.release_memory_occupation()
+                else:
+                    await client.resume_memory_occupation()
                 return True
             except EngineRejected:
                 pass  # requests still running (an abort on its way): asked again
             except Exception as exc:
                 if url not in await self.engines.every_engine():
                     return True
-                log.warning("engine %s did not answer a release: %s", url, exc)
+                log.warning("engine %s did not %s its memory: %s", url, step, exc)
             await asyncio.sleep(RETRY_S)
         return False
 
-    async def _report_hung(self, url: str) -> None:
+    async def _report_hung(self, url: str, step: str) -> None:
         message = (
-            f"engine at {url} did not release its memory within fault_tolerance.handover_timeout_s "
+            f"engine at {url} did not {step} its memory within fault_tolerance.handover_timeout_s "
             f"({self.timeout_s:g} s)"
         )
         await self.report("handover_timeout", message)

@@ -138,22 +138,6 @@ class JobSpec(Component):
         return self
 
     @model_validator(mode="after")
-    def _distributed_weight_sync_fits(self) -> JobSpec:
-        """Joins engines and rollout."""
-        if self.engines.weight_sync != "distributed":
-            return self
-        if self.engines.kind != "sglang":
-            raise ValueError(
-                "engines.weight_sync distributed broadcasts into SGLang engines: set engines.kind sglang, or use disk"
-            )
-        if self.rollout.mode != "sync":
-            raise ValueError(
-                "engines.weight_sync distributed pushes each version as soon as it is trained, and async engines "
-                "serve an older one: use rollout.mode sync, or weight_sync disk"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _colocation_fits(self) -> JobSpec:
         """Joins placement with engines, trainer, rollout, fault_tolerance and debug."""
         if self.placement is not PlacementMode.COLOCATED:
@@ -191,6 +175,22 @@ class JobSpec(Component):
             )
         if problems:
             raise ValueError(f"placement colocated: {'; '.join(problems)}")
+        return self
+
+    @model_validator(mode="after")
+    def _distributed_weight_sync_fits(self) -> JobSpec:
+        """Joins engines and rollout."""
+        if self.engines.weight_sync != "distributed":
+            return self
+        if self.engines.kind != "sglang":
+            raise ValueError(
+                "engines.weight_sync distributed broadcasts into SGLang engines: set engines.kind sglang, or use disk"
+            )
+        if self.rollout.mode != "sync":
+            raise ValueError(
+                "engines.weight_sync distributed pushes each version as soon as it is trained, and async engines "
+                "serve an older one: use rollout.mode sync, or weight_sync disk"
+            )
         return self
 
     @model_validator(mode="after")
