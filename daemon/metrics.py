@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -119,6 +119,11 @@ class ClusterCollector:
             ),
             "erld_job_rollout_time_seconds": ("generation time of the last rollout", last_rollout("rollout/time")),
             "erld_job_snapshot_age_seconds": ("seconds since the newest committed snapshot", lambda p, s: s),
+            "erld_job_colocation_saved_bytes": (
+                "colocated: what two slots of their own would have held for each slot's engine and trainer rank, "
+                "less the shared slot's peak, summed over the slots (last rollout)",
+                last_rollout("memory/colocation_saved_bytes"),
+            ),
         }
         families = {name: GaugeMetricFamily(name, text, labels=["job"]) for name, (text, _) in jobs.items()}
         lost = GaugeMetricFamily(
@@ -126,10 +131,17 @@ class ClusterCollector:
             "time the job's faults cost: its rollout intervals with a fault, beyond its usual interval",
             labels=["job"],
         )
+        slot_memory = GaugeMetricFamily(
+            "erld_job_slot_peak_memory_bytes",
+            "colocated: each slot's peak memory (its engine's and its trainer rank's) in each phase of the last rollout",
+            labels=["job", "slot", "phase"],
+        )
         for job, status in sorted(cluster.statuses.items()):
             if status.get("phase") != "running":
                 continue
             progress = cluster.progress.get(job, {})
+            for (slot, phase), peak in slot_peaks(progress.get("metrics", {})).items():
+                slot_memory.add_metric([job, slot, phase], peak)
             if "rollouts_done" in progress:
                 committed.add_metric([job], float(progress["rollouts_done"]))
             snapshot = newest_committed_snapshot_age(status.get("workdir"))
@@ -142,6 +154,7 @@ class ClusterCollector:
         yield committed
         yield from families.values()
         yield lost
+        yield slot_memory
 
         sizes = GaugeMetricFamily(
             "erld_job_size",
@@ -172,6 +185,17 @@ class ClusterCollector:
             devices.add_metric([node, str(device), "failed"], 1.0 if failed else 0.0)
             devices.add_metric([node, str(device), "healthy"], 0.0 if failed else 1.0)
         yield devices
+
+
+def slot_peaks(metrics: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """(slot, phase) -> peak bytes, from a colocated job's ``memory/<node>/<slot>/<phase>_peak_bytes`` figures."""
+    peaks = {}
+    for key, value in metrics.items():
+        if key.startswith("memory/") and key.endswith("_peak_bytes"):
+            slot, _, phase = key.removeprefix("memory/").removesuffix("_peak_bytes").rpartition("/")
+            if slot:
+                peaks[(slot, phase)] = float(value)
+    return peaks
 
 
 def job_time_lost(workdir: Path) -> float:

@@ -69,6 +69,10 @@ def scraped(workdir: Path | None = None) -> dict[str, object]:
                     "rollout/time": 10.0,
                     "train/step_time": 5.9,
                     "train/participants": 1,
+                    "memory/node-a/0/generation_peak_bytes": 3e9,
+                    "memory/node-a/0/training_peak_bytes": 2e9,
+                    "memory/slot_peak_bytes_max": 3e9,
+                    "memory/colocation_saved_bytes": 1e9,
                 },
             }
         },
@@ -80,6 +84,7 @@ def scraped(workdir: Path | None = None) -> dict[str, object]:
     return {
         "types": {family.name: family.type for family in families},
         "samples": {sample.name: sample for family in families for sample in family.samples},
+        "every": [sample for family in families for sample in family.samples],
     }
 
 
@@ -93,6 +98,17 @@ def test_growing_figures_are_counters_and_the_headline_figures_are_there():
     assert samples["erld_job_reward_mean"].value == 0.5
     assert samples["erld_job_generated_tokens_per_second"].value == 180.0
     assert samples["erld_job_iteration_time_seconds"].value == 35.0
+
+
+def test_a_colocated_jobs_memory_is_exported_per_slot_and_phase():
+    exported = scraped()
+    peaks = {
+        (sample.labels["slot"], sample.labels["phase"]): sample.value
+        for sample in exported["every"]
+        if sample.name == "erld_job_slot_peak_memory_bytes"
+    }
+    assert peaks == {("node-a/0", "generation"): 3e9, ("node-a/0", "training"): 2e9}
+    assert exported["samples"]["erld_job_colocation_saved_bytes"].value == 1e9
 
 
 def test_the_time_a_fault_cost_is_exported_from_the_jobs_record(tmp_path):
