@@ -317,6 +317,9 @@ class CpuEngine:
         """Take back what ``release_memory`` gave: the weights are loaded again from the folder they last
         came from (``model_path``); once nothing is released, the waiting requests run."""
         tags = _memory_tags(tags)
+        if self.released and self.memory_peaks.phase is Phase.TRAINING:
+            # What it takes back belongs to its own turn: the trainers' ends here.
+            self.memory_peaks.switch(Phase.GENERATION)
         if "weights" in tags and "weights" in self.released:
             parameters = dict(self.model.named_parameters())
             for name, shape in self.weight_shapes.items():
@@ -329,8 +332,6 @@ class CpuEngine:
                 log.warning("weights resumed without their values (%s): load a version next", exc)
                 self.weight_version = ""
         self.released -= tags
-        if not self.released and self.memory_peaks.phase is Phase.TRAINING:
-            self.memory_peaks.switch(Phase.GENERATION)
         self._wakeup.set()
 
     # --- the loop ---------------------------------------------------------------

@@ -159,6 +159,23 @@ def test_a_killed_replica_heals_from_its_peer(smollm2_daemon, fault_free, tmp_pa
     assert_close_relative(final_weights(fault_free), final_weights(tmp_path), 1e-5)
 
 
+# `make chaos`; make test runs the tiny model colocated (test_colocated.py)
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+def test_smollm2_colocated_trains_the_disaggregated_runs_weights(smollm2_daemon, fault_free, tmp_path):
+    """The trainer rank and the engine share one slot and take turns, weights passed in shared memory:
+    the same weights as the fault-free run on two slots, and the slot's phase peaks reported."""
+    colocated = ["--set", "placement=colocated", "--set", "engines.count=null", "--set", "engines.weight_sync=memory"]
+    run_job(smollm2_daemon, tmp_path, [*short_job(), *colocated], spec=SPEC, timeout_s=500)
+    lines = metrics(tmp_path)
+    assert [line["rollout"] for line in lines] == list(range(ROLLOUTS))
+    assert_close_relative(final_weights(fault_free), final_weights(tmp_path), 1e-6)
+    assert [line.get("rollout/weights_from_memory") for line in lines[1:]] == [1.0] * (ROLLOUTS - 1)
+    model_bytes = sum(t.numel() * 4 for t in load_file(str(SMOLLM2 / "model.safetensors")).values())
+    for line in lines:  # each phase's peak holds at least the model, as the engine or the trainer holds it
+        assert min(v for k, v in line.items() if k.endswith("_peak_bytes")) > model_bytes, line
+
+
 # `make chaos`: the overload that once turned into an outage, on the real model
 @pytest.mark.chaos
 @pytest.mark.timeout(900)
