@@ -133,7 +133,7 @@ class ClusterCollector:
         )
         slot_memory = GaugeMetricFamily(
             "erld_job_slot_peak_memory_bytes",
-            "colocated: each slot's peak memory (its engine's and its trainer rank's) in each phase of the last rollout",
+            "colocated: each slot's peak memory (its engine's and trainer rank's) in each phase of the last rollout",
             labels=["job", "slot", "phase"],
         )
         for job, status in sorted(cluster.statuses.items()):
