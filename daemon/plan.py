@@ -229,6 +229,7 @@ def command(proc: ProcSpec, assignment: dict, spec: JobSpec, workdir: Path, adve
             deterministic=spec.rollout.deterministic,
             # A chunk per token: with everything so far in each, a long response would cost its square.
             incremental_streaming=True,
+            colocated=spec.colocated,
         )
     return [sys.executable, "-m", "elastic_rl.trainer.main"]
 

@@ -30,9 +30,12 @@ def engine_command(
     weight_version: str = "0",
     deterministic: bool = False,
     incremental_streaming: bool = False,
+    colocated: bool = False,
 ) -> list[str]:
     """``incremental_streaming``: a cpu engine's streamed chunks hold only the new tokens (SGLang's
-    --incremental-streaming-output, which older SGLang releases lack: give it in extra_args there)."""
+    --incremental-streaming-output, which older SGLang releases lack: give it in extra_args there).
+    ``colocated``: the engine shares its GPU with a trainer rank and releases its memory on request,
+    which SGLang does only through torch_memory_saver (--enable-memory-saver); a cpu engine always can."""
     determinism = ["--enable-deterministic-inference"] if deterministic else []
     if spec.kind == "cpu":
         return [
@@ -76,6 +79,7 @@ def engine_command(
         # erld's health check reads the engine's progress counter from /metrics (policies.engine_health).
         "--enable-metrics",
         *determinism,
+        *(["--enable-memory-saver"] if colocated else []),
     ]
     return command + list(spec.extra_args)
 

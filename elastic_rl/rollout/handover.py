@@ -47,6 +47,8 @@ class EngineTurn:
     seconds: float = 0.0
     peaks: dict[str, int] = field(default_factory=dict)
     """Slot -> the engine's peak memory in the phase that ended."""
+    done: list[str] = field(default_factory=list)
+    """Engines that did it."""
     hung: list[str] = field(default_factory=list)
     """Engines reported hung."""
 
@@ -69,23 +71,36 @@ class EngineHandover:
 
     async def release(self) -> EngineTurn:
         """Every engine gives back its memory (one still finishing a request is asked again)."""
-        return await self._turn("release", Phase.GENERATION)
+        return await self._turn("release", sorted(await self.engines.every_engine()), Phase.GENERATION)
 
-    async def resume(self) -> EngineTurn:
-        """Every engine takes its memory back, loading the weights it last served."""
-        return await self._turn("resume", Phase.TRAINING)
-
-    async def _turn(self, step: str, ended: Phase) -> EngineTurn:
-        """``step`` on every engine at once; one that has not done it within the timeout is reported hung.
-        Returns the time taken and each engine's peak in the ``ended`` phase."""
-        started = time.monotonic()
+    async def resume(self, unknown_too: bool) -> EngineTurn:
+        """Every engine that released its memory takes it back, loading the weights it last served. An engine
+        that does not say whether it released (SGLang's server info does not) is resumed if ``unknown_too``:
+        after the job's first rollout, when the release before it may have been this orchestrator's or its
+        predecessor's."""
         urls = sorted(await self.engines.every_engine())
+        infos = await asyncio.gather(
+            *(EngineClient(url, timeout_s=QUERY_TIMEOUT_S, attempts=1).server_info() for url in urls),
+            return_exceptions=True,
+        )
+        released = [
+            url
+            for url, info in zip(urls, infos)
+            # One that does not answer is asked anyway: if it is hung, the resume's timeout finds it.
+            if isinstance(info, Exception) or info.get("memory_released", unknown_too)
+        ]
+        return await self._turn("resume", released, Phase.TRAINING)
+
+    async def _turn(self, step: str, urls: list[str], ended: Phase) -> EngineTurn:
+        """``step`` on each of ``urls`` at once; one that has not done it within the timeout is reported hung.
+        Returns the time taken, the engines that did it and each one's peak in the ``ended`` phase."""
+        started = time.monotonic()
         done = await asyncio.gather(*(self._step(url, step, started + self.timeout_s) for url in urls))
         hung = [url for url, finished in zip(urls, done) if not finished]
         for url in hung:
             await self._report_hung(url, step)
-        turn = EngineTurn(time.monotonic() - started, hung=hung)
-        turn.peaks = await self._peaks([url for url in urls if url not in hung], ended)
+        turn = EngineTurn(time.monotonic() - started, done=[url for url in urls if url not in hung], hung=hung)
+        turn.peaks = await self._peaks(turn.done, ended)
         return turn
 
     async def _step(self, url: str, step: str, deadline: float) -> bool:

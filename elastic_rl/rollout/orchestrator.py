@@ -145,6 +145,8 @@ class Orchestrator:
                 self.spec.fault_tolerance.handover_timeout_s,
                 lambda kind, message: self.progress.event(kind, message),
             )
+        self.reload: set[str] = set()
+        """Colocated: engines that resumed their memory, which load the version they serve again."""
         self.weight_loads = Counter()
         """Engines that loaded the rollout's weights from shared memory (True) and from disk (False)."""
         self.engine_peaks: dict[int, dict[str, dict[str, int]]] = {}
@@ -178,7 +180,8 @@ class Orchestrator:
         """
         folder = await self.wait_for_weights(version)
         started = time.monotonic()
-        pending = await self.engines_not_serving(version)
+        pending = await self.engines_not_serving(version) | (self.reload & await self.engines.every_engine())
+        self.reload.clear()
         while pending:
             loads = await asyncio.gather(
                 *(EngineClient(url).update_weights_from_disk(str(folder), str(version)) for url in sorted(pending)),
@@ -221,7 +224,9 @@ class Orchestrator:
         for the trainers' turn on the rollout before, whose peaks this ends); the seconds it took."""
         if self.handover is None:
             return 0.0
-        resumed = await self.handover.resume()
+        resumed = await self.handover.resume(unknown_too=rollout_id > 0)
+        # Without a host copy (SGLang's default) resumed weights hold nothing: each takes the version again.
+        self.reload |= set(resumed.done)
         if rollout_id > 0:
             self.engine_peaks.setdefault(rollout_id - 1, {})["training"] = resumed.peaks
         return resumed.seconds

@@ -41,6 +41,9 @@ def test_sglang_command_passes_extra_args_through():
     assert "--enable-deterministic-inference" in command
     assert "--enable-metrics" in command  # erld's health check reads its progress counter
     assert command[-4:] == ["--quantization", "fp8", "--speculative-algorithm", "EAGLE"]
+    assert "--enable-memory-saver" not in command
+    # Colocated, SGLang releases its memory between turns only through torch_memory_saver.
+    assert "--enable-memory-saver" in engine_command(spec, Path("/w/0"), 30002, colocated=True)
 
 
 def test_an_sglang_engine_health_is_liveness_only():
