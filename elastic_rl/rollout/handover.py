@@ -25,8 +25,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import orjson
+
+from checkpoints import layout
 from elastic_rl.engines.access import EngineAccess
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.errors import EngineRejected
@@ -68,16 +72,22 @@ class EngineHandover:
         self.timeout_s = timeout_s
         self.report = report
         """An event for the job: (kind, message)."""
+        self.engine_peaks: dict[int, dict[Phase, dict[str, int]]] = {}
+        """Rollout -> phase -> slot -> its engine's peak memory in that phase."""
 
-    async def release(self) -> EngineTurn:
-        """Every engine gives back its memory (one still finishing a request is asked again)."""
-        return await self._turn("release", sorted(await self.engines.every_engine()), Phase.GENERATION)
+    async def release(self, rollout_id: int) -> EngineTurn:
+        """After generating ``rollout_id``, every engine gives back its memory (one still finishing a request
+        is asked again)."""
+        turn = await self._turn("release", sorted(await self.engines.every_engine()), Phase.GENERATION)
+        self.engine_peaks.setdefault(rollout_id, {})[Phase.GENERATION] = turn.peaks
+        return turn
 
-    async def resume(self, unknown_too: bool) -> EngineTurn:
-        """Every engine that released its memory takes it back, loading the weights it last served. An engine
-        that does not say whether it released (SGLang's server info does not) is resumed if ``unknown_too``:
-        after the job's first rollout, when the release before it may have been this orchestrator's or its
-        predecessor's."""
+    async def resume(self, rollout_id: int) -> EngineTurn:
+        """Before generating ``rollout_id``, every engine that released its memory takes it back, loading the
+        weights it last served; that ends the trainers' turn on the rollout before. An engine that does not
+        say whether it released (SGLang's server info does not) is resumed after the job's first rollout,
+        when the release before it may have been this orchestrator's or its predecessor's."""
+        unknown_too = rollout_id > 0
         urls = sorted(await self.engines.every_engine())
         infos = await asyncio.gather(
             *(EngineClient(url, timeout_s=QUERY_TIMEOUT_S, attempts=1).server_info() for url in urls),
@@ -89,7 +99,29 @@ class EngineHandover:
             # One that does not answer is asked anyway: if it is hung, the resume's timeout finds it.
             if isinstance(info, Exception) or info.get("memory_released", unknown_too)
         ]
-        return await self._turn("resume", released, Phase.TRAINING)
+        turn = await self._turn("resume", released, Phase.TRAINING)
+        if rollout_id > 0:
+            self.engine_peaks.setdefault(rollout_id - 1, {})[Phase.TRAINING] = turn.peaks
+        return turn
+
+    def slot_memory(self, workdir: Path, rollout_id: int) -> dict[str, float]:
+        """Each slot's peak memory around ``rollout_id``: its engine's, as the turns reported them, and its
+        trainer rank's, as the rank wrote them (``trainer.offload``)."""
+        engines = self.engine_peaks.pop(rollout_id, {})
+        trainers: dict[Phase, dict[str, int]] = {Phase.GENERATION: {}, Phase.TRAINING: {}}
+        folder = layout.phase_memory_dir(workdir, rollout_id)
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            record = orjson.loads(path.read_bytes())
+            slot = slot_name(record["node"], record["slot"])
+            for phase, peaks in trainers.items():
+                if f"{phase.value}_peak_bytes" in record:
+                    peaks[slot] = record[f"{phase.value}_peak_bytes"]
+        return slot_memory_metrics(
+            engines.get(Phase.GENERATION, {}),
+            engines.get(Phase.TRAINING, {}),
+            trainers[Phase.GENERATION],
+            trainers[Phase.TRAINING],
+        )
 
     async def _turn(self, step: str, urls: list[str], ended: Phase) -> EngineTurn:
         """``step`` on each of ``urls`` at once; one that has not done it within the timeout is reported hung.

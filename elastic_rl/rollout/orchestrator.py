@@ -50,7 +50,7 @@ from elastic_rl.progress import ProgressReporter
 from elastic_rl.rollout.evaluation import Evaluator
 from elastic_rl.rollout.generation import Serving
 from elastic_rl.rollout.groups import samples_record, to_batch
-from elastic_rl.rollout.handover import EngineHandover, slot_memory_metrics, slot_name
+from elastic_rl.rollout.handover import EngineHandover
 from elastic_rl.rollout.inflight import InFlight
 from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.rollout_function import RolloutFunction
@@ -149,8 +149,6 @@ class Orchestrator:
         """Colocated: engines that resumed their memory, which load the version they serve again."""
         self.weight_loads = Counter()
         """Engines that loaded the rollout's weights from shared memory (True) and from disk (False)."""
-        self.engine_peaks: dict[int, dict[str, dict[str, int]]] = {}
-        """Colocated: rollout -> phase -> slot -> its engine's peak memory in that phase."""
 
     # --- weights --------------------------------------------------------------
 
@@ -220,33 +218,13 @@ class Orchestrator:
     # --- colocated turns ---------------------------------------------------------
 
     async def resume_engines(self, rollout_id: int) -> float:
-        """Colocated: the engines take their memory back before generating ``rollout_id`` (they released it
-        for the trainers' turn on the rollout before, whose peaks this ends); the seconds it took."""
+        """Colocated: the engines take their memory back before generating ``rollout_id``; the seconds it took."""
         if self.handover is None:
             return 0.0
-        resumed = await self.handover.resume(unknown_too=rollout_id > 0)
+        resumed = await self.handover.resume(rollout_id)
         # Without a host copy (SGLang's default) resumed weights hold nothing: each takes the version again.
         self.reload |= set(resumed.done)
-        if rollout_id > 0:
-            self.engine_peaks.setdefault(rollout_id - 1, {})["training"] = resumed.peaks
         return resumed.seconds
-
-    def slot_memory(self, rollout_id: int) -> dict[str, float]:
-        """Colocated: each slot's peak memory around ``rollout_id``, from its engine's and its trainer rank's."""
-        if self.handover is None:
-            return {}
-        engines = self.engine_peaks.pop(rollout_id, {})
-        trainers: dict[str, dict[str, int]] = {"generation": {}, "training": {}}
-        folder = layout.phase_memory_dir(self.workdir, rollout_id)
-        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-            record = orjson.loads(path.read_bytes())
-            slot = slot_name(record["node"], record["slot"])
-            for phase, peaks in trainers.items():
-                if f"{phase}_peak_bytes" in record:
-                    peaks[slot] = record[f"{phase}_peak_bytes"]
-        return slot_memory_metrics(
-            engines.get("generation", {}), engines.get("training", {}), trainers["generation"], trainers["training"]
-        )
 
     # --- the loop ---------------------------------------------------------------
 
@@ -345,8 +323,9 @@ class Orchestrator:
             "time": time.time(),
             **meta["metrics"],
             **trained,
-            **self.slot_memory(rollout_id),
         }
+        if self.handover is not None:
+            line.update(self.handover.slot_memory(self.workdir, rollout_id))
         if rollout_id in self.commit_times:
             line["rollout/commit_time"] = self.commit_times.pop(rollout_id)
         if self.last_recorded is not None:
@@ -473,8 +452,7 @@ class Orchestrator:
                 batch, meta = await self.generate_rollout(rollout_id, weights_wait, load_time)
             if self.handover is not None:
                 # The trainers start on the commit: the engines have given their memory back by then.
-                released = await self.handover.release()
-                self.engine_peaks.setdefault(rollout_id, {})["generation"] = released.peaks
+                released = await self.handover.release(rollout_id)
                 meta["metrics"]["handover/release_time"] = released.seconds
                 meta["metrics"]["handover/resume_time"] = resume_time
             meta["writer"] = self.writer()
