@@ -59,12 +59,26 @@ def generating(rollout_id: int) -> Callable[[Path], bool]:
     return logged("orchestrator", f"rollout {rollout_id}: generating with weights")
 
 
-def training(rollout_id: int) -> Callable[[Path], bool]:
-    """A moment: rollout ``rollout_id`` is committed and the trainers have not published its weights yet."""
+CLOSE_LOOK_S = 0.005
 
-    def moment(workdir: Path) -> bool:
+
+def training(rollout_id: int) -> Callable[[Path], bool]:
+    """A moment: rollout ``rollout_id`` is committed and the trainers have not published its weights yet.
+    A small job trains a rollout in well under a second, so once the rollout before it is committed the
+    work dir is watched closely (every CLOSE_LOOK_S) until that turn comes, or goes by unseen."""
+
+    def in_turn(workdir: Path) -> bool:
         committed = layout.rollout_dir(workdir, rollout_id).is_dir()
         return committed and not layout.train_metrics_path(workdir, rollout_id).is_file()
+
+    def moment(workdir: Path) -> bool:
+        if rollout_id > 0 and not layout.rollout_dir(workdir, rollout_id - 1).is_dir():
+            return False
+        while not layout.train_metrics_path(workdir, rollout_id).is_file():
+            if in_turn(workdir):
+                return True
+            time.sleep(CLOSE_LOOK_S)
+        return False
 
     return moment
 

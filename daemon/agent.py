@@ -577,7 +577,7 @@ class JobAgent:
 
     async def _replace_reported_hung(self, assigned: dict[str, dict]) -> None:
         """Colocated: replace this node's engines the orchestrator reported hung in a handover (one that did not
-        release its memory in time); a report of an engine already gone is dropped."""
+        release or resume its memory in time); a report of an engine already gone is dropped."""
         for key, report in (await self.store.get_prefix(keys.hung_reports(self.job_id))).items():
             proc = self.table.get(self.job_id, keys.last_part(key))
             if proc is None:
