@@ -318,12 +318,7 @@ class Orchestrator:
         metrics_file = layout.train_metrics_path(self.workdir, rollout_id)
         trained = orjson.loads(metrics_file.read_bytes()) if metrics_file.is_file() else {}
         _, meta = read_rollout(self.workdir, rollout_id)
-        line = {
-            "rollout": rollout_id,
-            "time": time.time(),
-            **meta["metrics"],
-            **trained,
-        }
+        line = {"rollout": rollout_id, "time": time.time(), **meta["metrics"], **trained}
         if self.handover is not None:
             line.update(self.handover.slot_memory(self.workdir, rollout_id))
         if rollout_id in self.commit_times:

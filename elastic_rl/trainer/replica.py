@@ -476,7 +476,6 @@ class TrainerReplica:
         metrics = self.trainer.rollout_metrics(self.context)
         # The orchestrator's time, as the trainers saw it (in sync mode: the weights' load and the generation).
         metrics["train/wait_rollout_time"] = self.rollout_wait_s
-
         # Nothing is committed by a replica whose assignment a newer instance holds.
         self.leaving = self.assignment.exit_if_superseded_blocking()
         # Replica leader snapshots for the job; the others hold the same state.
