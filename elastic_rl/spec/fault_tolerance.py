@@ -44,7 +44,7 @@ class FaultToleranceSpec(Component):
     """How long `erl stop` waits for processes to exit (trainers finish the rollout in hand and snapshot)."""
     handover_timeout_s: PositiveFloat = 120.0
     """With ``placement: colocated``: how long an engine may take to release its memory before the
-    trainers train, and a trainer rank to load its state onto its device or offload it after the
-    step. A process that takes longer is taken for hung: it is killed and restarted, as any fault."""
+    trainers train, or to take it back after, and a trainer rank to load its state onto its device or
+    offload it. A process that takes longer is taken for hung: it is killed and restarted, as any fault."""
     max_consecutive_nan_skips: PositiveInt = 3
     """Non-finite steps skipped in a row before rolling back to the newest snapshot."""
