@@ -18,9 +18,7 @@ or resumes from its snapshot).
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -31,9 +29,8 @@ import torch
 from checkpoints import layout
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.phase_memory import Phase, PhasePeaks
+from elastic_rl.trainer.watchdog import Watchdog
 from policies.exits import EXIT_HANDOVER_HUNG
-
-log = logging.getLogger("elastic_rl.trainer")
 
 HOST = torch.device("cpu")
 
@@ -61,7 +58,7 @@ class Residency:
         """Bring the state back onto the device for the trainers' turn; the seconds it took."""
         if self.on_device:
             return 0.0
-        took = self._move(self.device, "load its state onto the device")
+        took = self._move(self.device, "loading the rank's state onto its device")
         self.on_device = True
         self.peaks.switch(Phase.TRAINING)
         return took
@@ -70,31 +67,16 @@ class Residency:
         """Move the state to host memory for the engines' turn; the seconds it took."""
         if not self.on_device:
             return 0.0
-        took = self._move(HOST, "offload its state")
+        took = self._move(HOST, "offloading the rank's state")
         self.on_device = False
         self.peaks.switch(Phase.GENERATION)
         return took
 
     def _move(self, where: torch.device, what: str) -> float:
         started = time.monotonic()
-        done = threading.Event()
-
-        def hung() -> None:
-            if not done.wait(self.timeout_s):
-                log.critical(
-                    "could not %s within fault_tolerance.handover_timeout_s (%.0f s): exiting %d to be restarted",
-                    what,
-                    self.timeout_s,
-                    EXIT_HANDOVER_HUNG,
-                )
-                self._exit(EXIT_HANDOVER_HUNG)
-
-        threading.Thread(target=hung, name="handover-watchdog", daemon=True).start()
-        try:
+        with Watchdog(self.timeout_s, what, EXIT_HANDOVER_HUNG, exit=self._exit):
             if self.device.type != "cpu":  # on a CPU slot, host memory is the device
                 self._move_tensors(where)
-        finally:
-            done.set()
         return time.monotonic() - started
 
     def _move_tensors(self, where: torch.device) -> None:

@@ -14,7 +14,7 @@ the router, each time through a group formed for that version:
 Nothing depends on it succeeding: the version is then written to disk as
 always, and the orchestrator loads it from there into any engine that does
 not already serve it. A sync not done within ``engines.weight_sync_timeout_s``
-is aborted by a watchdog, which aborts the trainer's communicator; an engine
+is aborted by a watchdog (``trainer.watchdog``), which aborts the trainer's communicator; an engine
 left waiting in its own is found by its health checks and replaced. An abort
 cannot free a hang while NCCL is still making the communicator (it is made
 lazily, in the first broadcast): a sync still not over ``ABORT_GRACE_S`` after
@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
@@ -41,6 +39,7 @@ from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.net import free_port
 from elastic_rl.spec.job import JobSpec
+from elastic_rl.trainer.watchdog import Watchdog
 from policies.exits import EXIT_SYNC_HUNG
 
 log = logging.getLogger("elastic_rl.trainer")
@@ -83,50 +82,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-class Watchdog:
-    """Calls ``on_expiry`` (on a thread of its own) if the ``with`` block has not ended within
-    ``timeout_s``; if the block has not ended ``grace_s`` after that either, logs why and calls
-    ``exit(EXIT_SYNC_HUNG)``: the last resort, for a hang that ``on_expiry`` did not end."""
-
-    def __init__(
-        self,
-        timeout_s: float,
-        on_expiry: Callable[[], None],
-        grace_s: float = ABORT_GRACE_S,
-        exit: Callable[[int], None] = os._exit,
-    ):
-        self.timeout_s, self.grace_s = timeout_s, grace_s
-        self.expired = threading.Event()
-        self._ended = threading.Event()
-        self._on_expiry, self._exit = on_expiry, exit
-        self._timer = threading.Timer(timeout_s, self._expire)
-        self._timer.daemon = True
-        self._deadline = 0.0
-
-    def _expire(self) -> None:
-        self.expired.set()
-        threading.Thread(target=self._on_expiry, name="weight-sync-abort", daemon=True).start()
-        if not self._ended.wait(self.grace_s):
-            log.critical(
-                "the weight sync is still hung %.0f s after its abort: exiting %d for erld to restart this trainer",
-                self.grace_s,
-                EXIT_SYNC_HUNG,
-            )
-            self._exit(EXIT_SYNC_HUNG)
-
-    def remaining(self) -> float:
-        return max(0.0, self._deadline - time.monotonic())
-
-    def __enter__(self) -> Watchdog:
-        self._deadline = time.monotonic() + self.timeout_s
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._ended.set()
-        self._timer.cancel()
-
-
 class SyncFailed(RuntimeError):
     """An engine refused or missed the broadcast; it loads the version from disk."""
 
@@ -152,7 +107,7 @@ class WeightBroadcaster:
         if not engines:
             return [], "no engine behind the router"
         name = f"erl-weights-{version}"
-        with Watchdog(self.timeout_s, self._abort) as watchdog:
+        with Watchdog(self.timeout_s, "the weight sync", EXIT_SYNC_HUNG, self._abort, ABORT_GRACE_S) as watchdog:
             try:
                 self._join(engines, name, watchdog)
                 for bucket, last in _marked_last(buckets(hf_state)):

@@ -5,6 +5,7 @@ names), and the watchdog that aborts a sync that hangs. The broadcast itself nee
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -12,7 +13,8 @@ import pytest
 import torch
 
 from elastic_rl.engines.client import EngineClient
-from elastic_rl.trainer.weight_broadcast import Watchdog, buckets, dtype_name, group_layout
+from elastic_rl.trainer.watchdog import Watchdog
+from elastic_rl.trainer.weight_broadcast import ABORT_GRACE_S, buckets, dtype_name, group_layout
 from policies.exits import EXIT_SYNC_HUNG
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -77,14 +79,19 @@ def test_the_requests_carry_sglangs_fields(monkeypatch):
     assert destroy[1:3] == ("/destroy_weights_update_group", {"group_name": "erl-weights-4"})
 
 
+def sync_watchdog(timeout_s, on_expiry, grace_s=ABORT_GRACE_S, exit=os._exit) -> Watchdog:
+    """The weight sync's watchdog, as the broadcaster makes it."""
+    return Watchdog(timeout_s, "the weight sync", EXIT_SYNC_HUNG, on_expiry, grace_s, exit)
+
+
 def test_the_watchdog_aborts_a_block_that_overruns_and_spares_one_that_does_not():
     unblocked = threading.Event()
-    with Watchdog(0.2, unblocked.set) as watchdog:
+    with sync_watchdog(0.2, unblocked.set) as watchdog:
         assert unblocked.wait(5), "the watchdog did not fire"  # stands in for a hung NCCL call that abort() ends
     assert watchdog.expired.is_set()
 
     fired = threading.Event()
-    with Watchdog(0.5, fired.set) as quick:
+    with sync_watchdog(0.5, fired.set) as quick:
         assert 0 < quick.remaining() <= 0.5
     time.sleep(0.7)
     assert not fired.is_set() and not quick.expired.is_set()
@@ -104,7 +111,7 @@ class FakeExit:
 
 def test_a_sync_that_its_abort_does_not_end_ends_the_trainer_for_erld_to_restart():
     fake_exit = FakeExit()
-    with Watchdog(0.1, lambda: None, grace_s=0.2, exit=fake_exit):  # an abort that frees nothing
+    with sync_watchdog(0.1, lambda: None, grace_s=0.2, exit=fake_exit):  # an abort that frees nothing
         assert fake_exit.called.wait(5), "the last resort did not come"
     assert fake_exit.codes == [EXIT_SYNC_HUNG]
 
@@ -113,7 +120,7 @@ def test_an_abort_that_hangs_itself_still_ends_the_trainer():
     released = threading.Event()
     fake_exit = FakeExit()
     try:
-        with Watchdog(0.1, released.wait, grace_s=0.2, exit=fake_exit):  # abort() blocks
+        with sync_watchdog(0.1, released.wait, grace_s=0.2, exit=fake_exit):  # abort() blocks
             assert fake_exit.called.wait(5), "the last resort waited for the abort"
     finally:
         released.set()
@@ -123,7 +130,7 @@ def test_an_abort_that_hangs_itself_still_ends_the_trainer():
 def test_a_sync_that_its_abort_ends_within_the_grace_keeps_the_trainer():
     fake_exit = FakeExit()
     unblocked = threading.Event()
-    with Watchdog(0.1, unblocked.set, grace_s=0.3, exit=fake_exit) as watchdog:
+    with sync_watchdog(0.1, unblocked.set, grace_s=0.3, exit=fake_exit) as watchdog:
         assert unblocked.wait(5)  # the aborted broadcast returns
     time.sleep(0.5)
     assert watchdog.expired.is_set() and fake_exit.codes == []
