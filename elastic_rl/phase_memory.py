@@ -40,13 +40,11 @@ class PhasePeaks:
         """Each phase's peak in bytes, the last time it ended."""
         self._reset()
 
-    def switch(self, phase: Phase) -> int:
-        """End the current phase (its peak is kept in ``last`` and returned) and start ``phase``."""
-        ended = self.phase
-        self.last[ended] = self._peak()
+    def switch(self, phase: Phase) -> None:
+        """End the current phase (its peak is kept in ``last``) and start ``phase``."""
+        self.last[self.phase] = self._peak()
         self.phase = phase
         self._reset()
-        return self.last[ended]
 
     def _peak(self) -> int:
         if self.cuda:

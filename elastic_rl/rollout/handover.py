@@ -52,9 +52,7 @@ class EngineTurn:
     peaks: dict[str, int] = field(default_factory=dict)
     """Slot -> the engine's peak memory in the phase that ended."""
     done: list[str] = field(default_factory=list)
-    """Engines that did it."""
-    hung: list[str] = field(default_factory=list)
-    """Engines reported hung."""
+    """Engines that did it (the others were gone, or are reported hung)."""
 
 
 class EngineHandover:
@@ -131,7 +129,7 @@ class EngineHandover:
         hung = [url for url, finished in zip(urls, done) if not finished]
         for url in hung:
             await self._report_hung(url, step)
-        turn = EngineTurn(time.monotonic() - started, done=[url for url in urls if url not in hung], hung=hung)
+        turn = EngineTurn(time.monotonic() - started, done=[url for url in urls if url not in hung])
         turn.peaks = await self._peaks(turn.done, ended)
         return turn
 

@@ -101,13 +101,7 @@ class RolloutPublisher:
         if version <= (layout.latest_weights_version(self.workdir) or 0):
             return {}  # a replayed rollout: its version is out already
         started = time.monotonic()
-        target = layout.memory_weights_dir(self.workdir, version)
-        if not target.exists():
-            try:
-                self.source.export(target, weights)
-            except OSError:
-                if not target.exists():
-                    raise  # not another replica's copy on this node: a real failure
+        self._export_once(layout.memory_weights_dir(self.workdir, version), weights)
         for older in layout.memory_weights_root(self.workdir).iterdir():
             if older.name.isdigit() and int(older.name) < version - 1:
                 shutil.rmtree(older, ignore_errors=True)
@@ -115,17 +109,23 @@ class RolloutPublisher:
             write_file_atomic(layout.memory_weights_marker(self.workdir, version), b"")
         return {"train/memory_publish_time": time.monotonic() - started}
 
+    def _export_once(self, target: Path, weights: dict) -> None:
+        """Export ``weights`` to ``target`` unless another replica has (its atomic rename came first)."""
+        if target.exists():
+            return
+        try:
+            self.source.export(target, weights)
+        except OSError:
+            if not target.exists():
+                raise  # not another replica's export of the same version: a real failure
+
     def _write(self, rollout_id: int, weights: dict, metrics: dict) -> None:
         version = layout.version_after(rollout_id)
         target = layout.weights_dir(self.workdir, version)
         # A replayed rollout reproduces weights exported before: kept, or pruned as no longer needed.
         if not target.exists() and version > (layout.latest_weights_version(self.workdir) or 0):
             started = time.monotonic()
-            try:
-                self.source.export(target, weights)
-            except OSError:
-                if not target.exists():
-                    raise  # not another replica's export of the same version: a real failure
+            self._export_once(target, weights)
             metrics = {**metrics, "train/export_time": time.monotonic() - started}
         write_file_atomic(layout.train_metrics_path(self.workdir, rollout_id), orjson.dumps(metrics))
         # Async engines load a version max_staleness behind the newest (and buffered groups wait as long):
