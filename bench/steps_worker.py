@@ -32,7 +32,6 @@ from torchft_overhead import NoQuorum, synthetic_batch  # noqa: E402
 
 from elastic_rl.atomic import write_file_atomic  # noqa: E402
 from elastic_rl.model.gpt import build_gpt, init_model_parallel  # noqa: E402
-from elastic_rl.model.source import from_toy_spec  # noqa: E402
 from elastic_rl.spec.loading import load_spec  # noqa: E402
 from elastic_rl.trainer.grpo import GrpoTrainer  # noqa: E402
 from elastic_rl.trainer.lr_schedule import lr_lambda  # noqa: E402
@@ -57,7 +56,7 @@ class StaticGroup(NoQuorum):
 
 
 def build(spec):
-    model = build_gpt(from_toy_spec(spec.model, 64))
+    model = build_gpt(spec.model.toy_architecture(64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.trainer.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 10_000))
     return model, optimizer, scheduler

@@ -28,7 +28,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints.rollout_log import RolloutBatch, response_mask  # noqa: E402
 from elastic_rl.model.gpt import build_gpt, init_model_parallel  # noqa: E402
-from elastic_rl.model.source import from_toy_spec  # noqa: E402
 from elastic_rl.spec.loading import load_spec  # noqa: E402
 from elastic_rl.trainer.grpo import GrpoTrainer  # noqa: E402
 from elastic_rl.trainer.lr_schedule import lr_lambda  # noqa: E402
@@ -95,7 +94,7 @@ def synthetic_batch(samples: int, seed: int) -> RolloutBatch:
 
 
 def trainer_for(spec, manager) -> GrpoTrainer:
-    model = build_gpt(from_toy_spec(spec.model, 64))
+    model = build_gpt(spec.model.toy_architecture(64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.trainer.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 10_000))
     return GrpoTrainer(spec, model, optimizer, scheduler, manager, replica=0)

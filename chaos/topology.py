@@ -106,6 +106,8 @@ class ErldNode:
     """Idle pre-imported interpreters per process kind (`erl daemon --pool`); None: erld's defaults."""
     drain_on_term_s: float | None = None
     """On SIGTERM the erld drains its node within this many seconds (`erl daemon --drain-on-term`)."""
+    slot_memory_gib: float | None = None
+    """The memory one CPU slot may use (`erl daemon --slot-memory`); None: not known."""
     process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -115,6 +117,7 @@ class ErldNode:
         slots = ["--gpus", self.gpus] if self.gpus else ["--cpu-devices", str(self.cpu_devices)]
         pool = [arg for kind, size in (self.pool or {}).items() for arg in ("--pool", f"{kind}={size}")]
         drain = ["--drain-on-term", str(self.drain_on_term_s)] if self.drain_on_term_s else []
+        memory = ["--slot-memory", str(self.slot_memory_gib)] if self.slot_memory_gib else []
         log = open(self.state_dir / "erld.log", "ab")
         self.process = subprocess.Popen(
             [
@@ -133,6 +136,7 @@ class ErldNode:
                 *metrics,
                 *pool,
                 *drain,
+                *memory,
             ],
             cwd=REPO,
             env={**os.environ, **self.environment},
@@ -262,6 +266,7 @@ class Topology:
         gpus: str | None = None,
         pool: dict[str, int] | None = None,
         metrics: bool = False,
+        slot_memory_gib: float | None = None,
     ) -> Topology:
         """One erld with an embedded etcd; ``metrics``: serving ``/metrics`` on a free port."""
         node = ErldNode(
@@ -274,6 +279,7 @@ class Topology:
             environment=environment or {},
             gpus=gpus,
             pool=pool,
+            slot_memory_gib=slot_memory_gib,
         )
         return cls([node])
 

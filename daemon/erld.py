@@ -105,6 +105,9 @@ class NodeConfig:
     """What the slots are: CPU slots, or GPUs."""
     gpu_ids: tuple[str, ...] = ()
     """On a GPU node, what CUDA_VISIBLE_DEVICES names its GPUs by, slot i's at i (``daemon.gpus``)."""
+    slot_memory: int | None = None
+    """Bytes one slot can hold: a GPU's memory (NVML), or what `--slot-memory` gives a CPU node; None:
+    not known, and `erl submit` checks no job against it."""
     lease_ttl_s: int = DEFAULT_LEASE_TTL_S
     device_cooldown_s: float | None = None
     """How long a failed device stays failed; None: until `erl devices reset`."""
@@ -171,6 +174,7 @@ class Erld:
         record = {
             "devices": self.config.devices,
             "kind": self.config.device_kind.value,
+            "slot_memory": self.config.slot_memory,
             "started": time.time(),
             "host": socket.gethostname(),
             "advertise_host": self.config.advertise_host,

@@ -1,4 +1,5 @@
-"""This node's GPUs as `erl daemon --gpus` offers them: found through NVML (nvidia-ml-py), known by UUID.
+"""This node's GPUs as `erl daemon --gpus` offers them: found through NVML (nvidia-ml-py), known by UUID,
+with the memory of each (the node record's ``slot_memory``, what `erl submit` checks a job against).
 
 ``--gpus all`` offers every GPU erld may use, ``--gpus N`` the first N of
 them: every GPU NVML sees or, where erld itself was started with a
@@ -36,12 +37,24 @@ class Gpu:
     uuid: str
     pci: tuple[int, int, int]
     """PCI domain, bus and device: CUDA_DEVICE_ORDER=PCI_BUS_ID numbers the GPUs in this order."""
+    memory: int
+    """Its device memory in bytes."""
 
 
-def node_gpus(request: str, nvml: ModuleType = pynvml, environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """What ``CUDA_VISIBLE_DEVICES`` names the GPU of each slot ``--gpus REQUEST`` gives this node by,
-    slot i's at i: its CUDA index in PCI bus order."""
-    cuda_order = [gpu.uuid for gpu in sorted(nvml_gpus(nvml), key=lambda gpu: gpu.pci)]
+@dataclass(frozen=True)
+class NodeGpus:
+    cuda_indices: tuple[str, ...]
+    """What ``CUDA_VISIBLE_DEVICES`` names the GPU of each slot by, slot i's at i."""
+    slot_memory: int
+    """Bytes of device memory of the smallest GPU offered: what one slot can hold."""
+
+
+def node_gpus(request: str, nvml: ModuleType = pynvml, environ: Mapping[str, str] = os.environ) -> NodeGpus:
+    """The GPUs ``--gpus REQUEST`` gives this node as slots, slot i's at i, each named by its CUDA index
+    in PCI bus order."""
+    found = sorted(nvml_gpus(nvml), key=lambda gpu: gpu.pci)
+    memory = {gpu.uuid: gpu.memory for gpu in found}
+    cuda_order = [gpu.uuid for gpu in found]
     inherited = environ.get(jobenv.CUDA_VISIBLE_DEVICES)
     usable = allowed_gpus(cuda_order, inherited)
     numbered = inherited is not None and any(entry.strip().isdigit() for entry in inherited.split(","))
@@ -53,7 +66,7 @@ def node_gpus(request: str, nvml: ModuleType = pynvml, environ: Mapping[str, str
     offered = usable[: slots_for(request, len(usable))]
     for slot, uuid in enumerate(offered):
         log.info("slot %d: GPU %s (CUDA device %d in PCI bus order)", slot, uuid, cuda_order.index(uuid))
-    return tuple(str(cuda_order.index(uuid)) for uuid in offered)
+    return NodeGpus(tuple(str(cuda_order.index(uuid)) for uuid in offered), min(memory[uuid] for uuid in offered))
 
 
 def slots_for(request: str, found: int) -> int:
@@ -120,7 +133,9 @@ def nvml_gpus(nvml: ModuleType = pynvml) -> list[Gpu]:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             uuid = nvml.nvmlDeviceGetUUID(handle)
             pci = nvml.nvmlDeviceGetPciInfo(handle)
-            gpus.append(Gpu(uuid.decode() if isinstance(uuid, bytes) else uuid, (pci.domain, pci.bus, pci.device)))
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle).total
+            name = uuid.decode() if isinstance(uuid, bytes) else uuid
+            gpus.append(Gpu(name, (pci.domain, pci.bus, pci.device), memory))
         return gpus
     finally:
         nvml.nvmlShutdown()

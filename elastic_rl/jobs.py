@@ -28,6 +28,8 @@ from elastic_rl.store.devices import (
 )
 from elastic_rl.store.drains import drains, end_drain, start_drain
 from policies.capacity import SIZED, OutOfRange, Size, current_sizes, rescale
+from policies.devices import DeviceKind
+from policies.memory import slot_shortfall
 
 TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 
@@ -54,6 +56,7 @@ async def require_daemon(store: Store) -> None:
 
 async def submit(store: Store, spec: JobSpec, workdir: Path) -> str:
     await require_daemon(store)
+    await _check_memory(store, spec)
     job_id = spec.name
     existing = await store.get(keys.job_status(job_id))
     if existing is not None and existing.get("phase") not in TERMINAL_PHASES:
@@ -82,6 +85,28 @@ async def submit(store: Store, spec: JobSpec, workdir: Path) -> str:
         {"phase": "pending", "workdir": str(workdir), "submitted": time.time(), "reason": ""},
     )
     return job_id
+
+
+async def _check_memory(store: Store, spec: JobSpec) -> None:
+    """Refuse (``InputError``) a job whose trainer rank needs more memory than any node it could be placed
+    on has per slot, where the nodes know it (GPUs through NVML, CPU nodes given `--slot-memory`)."""
+    nodes = await live_nodes(store)
+    eligible = {
+        name: info.get("slot_memory")
+        for name, info in nodes.items()
+        if not spec.needs_cuda or info.get("kind") == DeviceKind.CUDA.value
+    }
+    if all(memory is None for memory in eligible.values()):
+        return  # nothing to check against: the plan, which reads the model's config, is not even made
+    from elastic_rl.memory_plan import plan  # the toy model's vocabulary comes from transformers
+
+    shortfall = slot_shortfall(plan(spec).memory.total, eligible)
+    if shortfall is not None:
+        raise InputError(
+            f"{spec.name}: {shortfall}. Split the model over more ranks (trainer.tensor_parallel), or "
+            "cut the activations (trainer.micro_batch_size or trainer.max_tokens_per_micro_batch, "
+            "rollout.max_prompt_len); `erl plan SPEC` shows the bytes"
+        )
 
 
 async def secret_of(store: Store, job_id: str) -> str:
@@ -324,6 +349,7 @@ async def describe_nodes(store: Store) -> dict[str, Any]:
                 "node": name,
                 "advertise_host": info.get("advertise_host"),
                 "pid": info.get("pid"),
+                "slot_memory": info.get("slot_memory"),
                 "devices": devices,
                 "procs_without_device": slotless,
                 "drain": drain,

@@ -105,7 +105,7 @@ def run_module_ranks(module: str, tp: int, *args, gpus: bool = False) -> None:
         device = ProcessDevice(DeviceKind.CUDA, (rank,)) if gpus else ProcessDevice(DeviceKind.CPU)
         env = {
             **os.environ,
-            **device_env(device, node_gpus("all") if gpus else ()),
+            **device_env(device, node_gpus("all").cuda_indices if gpus else ()),
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
             "WORLD_SIZE": str(tp),

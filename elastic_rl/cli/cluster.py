@@ -13,6 +13,7 @@ from elastic_rl.cli.common import add_command, add_command_group, endpoint
 from elastic_rl.errors import InputError
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import reset_device
+from policies.memory import GIB
 
 
 async def cmd_nodes(args: argparse.Namespace) -> int:
@@ -31,9 +32,10 @@ async def cmd_nodes(args: argparse.Namespace) -> int:
             draining = ", drained"
         else:
             draining = f", draining ({max(0.0, drain['deadline'] - time.time()):.0f} s to its deadline)"
+        memory = "" if node["slot_memory"] is None else f" of {node['slot_memory'] / GIB:.1f} GiB"
         print(
             f"node {node['node']} ({node['advertise_host']}, erld pid {node['pid']}): "
-            f"{len(node['devices'])} device slots{draining}"
+            f"{len(node['devices'])} device slots{memory}{draining}"
         )
         for device in node["devices"]:
             detail = device.get("proc") or ""

@@ -16,9 +16,10 @@ import psutil
 from daemon.pool import DEFAULT_SIZES
 from elastic_rl import jobs
 from elastic_rl.cli.common import add_command, add_etcd_credential_options
-from elastic_rl.errors import ElasticRLError
+from elastic_rl.errors import ElasticRLError, InputError
 from elastic_rl.net import LOOPBACK
 from elastic_rl.store.client import Store, etcd_answers
+from policies.memory import GIB
 
 DAEMON_STATE_DIR = Path("runs/.erld")
 
@@ -32,6 +33,14 @@ def _pool_size(text: str) -> tuple[str, int]:
     return kind, int(size)
 
 
+def _gib_bytes(gib: float | None) -> int | None:
+    if gib is None:
+        return None
+    if gib <= 0:
+        raise InputError(f"--slot-memory {gib:g}: give the GiB one slot may use, more than 0")
+    return int(gib * GIB)
+
+
 def cmd_daemon(args: argparse.Namespace) -> int:
     import logging
     import socket
@@ -41,13 +50,16 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from policies.devices import DeviceKind
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    gpu_ids = node_gpus(args.gpus) if args.gpus else ()
+    if args.gpus and args.slot_memory is not None:
+        raise InputError("--slot-memory is for CPU nodes: a GPU node's slots hold what NVML says its GPUs hold")
+    gpus = node_gpus(args.gpus) if args.gpus else None
     config = NodeConfig(
         name=args.node or socket.gethostname(),
         advertise_host=args.advertise_host,
-        devices=len(gpu_ids) if args.gpus else args.cpu_devices,
-        device_kind=DeviceKind.CUDA if args.gpus else DeviceKind.CPU,
-        gpu_ids=gpu_ids,
+        devices=len(gpus.cuda_indices) if gpus else args.cpu_devices,
+        device_kind=DeviceKind.CUDA if gpus else DeviceKind.CPU,
+        gpu_ids=gpus.cuda_indices if gpus else (),
+        slot_memory=gpus.slot_memory if gpus else _gib_bytes(args.slot_memory),
         lease_ttl_s=args.lease_ttl,
         device_cooldown_s=args.device_cooldown,
         metrics_port=args.metrics_port,
@@ -156,6 +168,13 @@ def add_erld_commands(commands) -> None:
     add_etcd_credential_options(daemon)
     slots = daemon.add_mutually_exclusive_group()
     slots.add_argument("--cpu-devices", type=int, default=4, help="device slots this node offers (CPU nodes)")
+    daemon.add_argument(
+        "--slot-memory",
+        type=float,
+        metavar="GIB",
+        help="CPU nodes: the memory one slot may use, in GiB; `erl submit` refuses a job whose trainer "
+        "rank needs more (a GPU node's slots report their GPU's memory)",
+    )
     slots.add_argument(
         "--gpus",
         metavar="all|N",

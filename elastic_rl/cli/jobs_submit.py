@@ -1,5 +1,6 @@
-"""`erl validate`, `erl run` and `erl submit`: check a job spec, hand the job to erld, and (`run`) follow it
-to its end, starting a background erld first if none is running."""
+"""`erl validate`, `erl plan`, `erl run` and `erl submit`: check a job spec and the memory its trainer ranks
+need, hand the job to erld, and (`run`) follow it to its end, starting a background erld first if none is
+running."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from pathlib import Path
 from elastic_rl import jobs
 from elastic_rl.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, add_command, endpoint, endpoint_given
 from elastic_rl.cli.erld import daemon_running, start_background_daemon
+from elastic_rl.memory_plan import MemoryPlan, plan
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.spec.loading import dump_spec, load_spec
 from elastic_rl.store.client import Store
+from policies.memory import FP32_WHOLE, GIB, MIB
 
 SECOND_INTERRUPT_S = 5.0
 
@@ -42,6 +45,37 @@ def cmd_validate(args: argparse.Namespace) -> int:
     spec = _checked_spec(args)
     sys.stdout.write(dump_spec(spec))
     return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec, args.overrides)
+    sys.stdout.write(memory_table(spec, plan(spec)))
+    return 0
+
+
+def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
+    memory = planned.memory
+
+    def size(count: int) -> str:
+        return f"{count / GIB:10.2f} GiB" if count >= GIB else f"{count / MIB:10.2f} MiB"
+
+    bound = (
+        "rollout.max_prompt_len + rollout.max_new_tokens"
+        if spec.rollout.max_prompt_len is not None
+        else "the model's context; set rollout.max_prompt_len to bound it"
+    )
+    lines = [
+        f"one trainer rank of {spec.name}: {planned.layout}, {FP32_WHOLE.name}",
+        f"  parameters      {memory.parameters:>14,}  (this rank's share of the model)",
+        f"  weights         {size(memory.parameter_bytes)}",
+        f"  gradients       {size(memory.gradient_bytes)}",
+        f"  optimizer       {size(memory.optimizer_bytes)}  (AdamW's two moments)",
+        f"  reference model {size(memory.reference_bytes)}  (algorithm.kl_coef > 0 keeps one)",
+        f"  activations     {size(memory.activation_bytes)}  (estimate: a micro-batch of {planned.tokens:,} token "
+        f"slots, samples up to {planned.sequence:,} tokens: {bound})",
+        f"  total           {size(memory.total)}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
@@ -147,6 +181,16 @@ def add_submit_commands(commands) -> None:
         etcd=False,
     )
     _add_spec_arguments(validate)
+
+    plan_command = add_command(
+        commands,
+        "plan",
+        "print the memory one trainer rank needs: weights, gradients, optimizer, activations",
+        "erl plan examples/smollm2-math.yaml --set rollout.max_prompt_len=256",
+        cmd_plan,
+        etcd=False,
+    )
+    _add_spec_arguments(plan_command)
 
     run = add_command(
         commands,

@@ -40,24 +40,6 @@ from policies.devices import Precision
 INITIAL_REFERENCE = "initial"
 
 
-def from_toy_spec(spec: ModelSpec, vocab_size: int) -> Architecture:
-    """The from-scratch Llama model of a spec without ``hf_checkpoint`` (the tiny demo's)."""
-    return Architecture(
-        family="llama",
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        num_layers=spec.num_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_query_groups=spec.num_query_groups,
-        head_dim=spec.hidden_size // spec.num_attention_heads,
-        ffn_hidden_size=spec.ffn_hidden_size,
-        max_position_embeddings=spec.max_position_embeddings,
-        rope_theta=spec.rope_theta,
-        norm_epsilon=spec.norm_epsilon,
-        init_method_std=spec.init_method_std,
-    )
-
-
 @dataclass(frozen=True)
 class ModelSource:
     architecture: Architecture
@@ -72,7 +54,7 @@ class ModelSource:
         if spec.hf_checkpoint is not None:
             arch = from_hf_config(spec.hf_checkpoint)
             return cls(arch, tokenizer, PretrainedFiles(spec.hf_checkpoint), spec.hf_checkpoint)
-        arch = from_toy_spec(spec, padded_vocab_size(tokenizer))
+        arch = spec.toy_architecture(padded_vocab_size(tokenizer))
         return cls(arch, tokenizer, ToyFiles(arch, tokenizer), None)
 
     def _load(self, checkpoint: Path, precision: Precision) -> torch.nn.Module:

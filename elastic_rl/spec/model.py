@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import PositiveFloat, PositiveInt, field_validator, model_validator
 
-from elastic_rl.architecture import from_hf_config
+from elastic_rl.architecture import Architecture, from_hf_config
 from elastic_rl.errors import SpecError
 from elastic_rl.spec.base import Component, existing_checkpoint, existing_file
 
@@ -80,3 +80,20 @@ class ModelSpec(Component):
         if self.hf_checkpoint is None:
             return self.max_position_embeddings
         return from_hf_config(self.hf_checkpoint).max_position_embeddings
+
+    def toy_architecture(self, vocab_size: int) -> Architecture:
+        """The from-scratch Llama model these fields describe, for a tokenizer of ``vocab_size`` tokens."""
+        return Architecture(
+            family="llama",
+            vocab_size=vocab_size,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_query_groups=self.num_query_groups,
+            head_dim=self.hidden_size // self.num_attention_heads,
+            ffn_hidden_size=self.ffn_hidden_size,
+            max_position_embeddings=self.max_position_embeddings,
+            rope_theta=self.rope_theta,
+            norm_epsilon=self.norm_epsilon,
+            init_method_std=self.init_method_std,
+        )

@@ -30,7 +30,7 @@ def test_a_pooled_interpreter_leaves_cuda_uninitialised(kind, tmp_path):
         env=node_environment(),
     )
     # Assigned slot 0 of a GPU node, as erld assigns a trainer rank.
-    env = {"PATH": "/usr/bin:/bin", **device_env(ProcessDevice(DeviceKind.CUDA, (0,)), node_gpus("all"))}
+    env = {"PATH": "/usr/bin:/bin", **device_env(ProcessDevice(DeviceKind.CUDA, (0,)), node_gpus("all").cuda_indices)}
     assignment = {"argv": ["tests.gpu.cuda_probe"], "env": env, "cwd": str(REPO), "log": str(log)}
     interpreter.communicate(orjson.dumps(assignment) + b"\n", timeout=240)
     assert interpreter.returncode == 0, log.read_text()

@@ -29,7 +29,7 @@ def test_the_engine_contract_holds_for_sglang(tmp_path):
     require_smollm2()
     spec = EnginesSpec(kind="sglang", mem_fraction_static=0.5)
     port = free_port()
-    env = {**os.environ, **device_env(ProcessDevice(DeviceKind.CUDA, (0,)), node_gpus("all"))}
+    env = {**os.environ, **device_env(ProcessDevice(DeviceKind.CUDA, (0,)), node_gpus("all").cuda_indices)}
     with open(tmp_path / "sglang.log", "wb") as log:
         server = start_engine(spec, SMOLLM2, port, log, weight_version="0", deterministic=True, env=env)
         try:

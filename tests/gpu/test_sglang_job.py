@@ -34,6 +34,9 @@ def test_a_two_rollout_job_with_one_sglang_engine(gpu_daemon, tmp_path, weight_s
         f"engines.weight_sync={weight_sync}",
         "--set",
         "trainer.dtype=bf16",
+        # Bounds a sample for `erl submit`'s memory check against the GPU: else the model's whole 8k context.
+        "--set",
+        "rollout.max_prompt_len=128",
     ]
     run_job(gpu_daemon, tmp_path, job, spec=SPEC, timeout_s=2000)
     lines = metrics(tmp_path)
@@ -61,7 +64,7 @@ def test_a_colocated_sglang_engine_shares_the_trainers_gpu(gpu_daemon, tmp_path,
         *("--set", "rollout.num_rollouts=3", "--set", "rollout.deterministic=false"),
         *("--set", "placement=colocated", "--set", "engines.count=null", "--set", "engines.kind=sglang"),
         *("--set", "engines.mem_fraction_static=0.3", "--set", f"engines.weight_sync={weight_sync}"),
-        *("--set", "trainer.dtype=bf16"),
+        *("--set", "trainer.dtype=bf16", "--set", "rollout.max_prompt_len=128"),
     ]
     run_job(gpu_daemon, tmp_path, job, spec=SPEC, timeout_s=2000)
     lines = metrics(tmp_path)

@@ -26,7 +26,6 @@ from checkpoints.layout import snapshot_path
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl.model.gpt import build_gpt, destroy_model_parallel, forward_gpt, init_model_parallel
 from elastic_rl.model.megatron_state import full_state_dict
-from elastic_rl.model.source import from_toy_spec
 from elastic_rl.model.vocab_parallel import token_log_probs
 from elastic_rl.spec.model import ModelSpec
 
@@ -46,7 +45,7 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     tp = int(os.environ["WORLD_SIZE"])
     init_model_parallel(tp, seed=5)
-    model = build_gpt(from_toy_spec(SPEC, 64), tp)
+    model = build_gpt(SPEC.toy_architecture(64), tp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
     state = TrainingState(model, optimizer, scheduler)

@@ -16,6 +16,8 @@ from policies.devices import DeviceKind, ProcessDevice
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
+GIB = 1024**3
+
 # (UUID, PCI bus) in NVML's enumeration order, which here is not the PCI bus order CUDA numbers them in.
 MACHINE = [("GPU-cccc-2", 0x61), ("GPU-aaaa-0", 0x07), ("GPU-dddd-3", 0x8A), ("GPU-bbbb-1", 0x3B)]
 
@@ -49,12 +51,15 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
         return SimpleNamespace(domain=0, bus=self.gpus[handle][1], device=0)
 
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(total=GIB * (80 + handle))
+
 
 def gpus(request: str, environ: dict[str, str], machine=MACHINE) -> tuple[str, ...]:
     nvml = FakeNvml(machine)
     found = node_gpus(request, nvml, environ)
     assert not nvml.open
-    return found
+    return found.cuda_indices
 
 
 def test_slots_name_their_gpus_in_pci_bus_order_whatever_order_nvml_lists_them_in():
@@ -71,6 +76,13 @@ def test_an_inherited_restriction_offers_only_the_gpus_it_lists_in_its_order():
     assert gpus("all", by_uuid) == ("3", "1")
     with pytest.raises(InputError, match="has 2 GPU"):
         gpus("3", {jobenv.CUDA_VISIBLE_DEVICES: "2,0"})
+
+
+def test_a_slot_holds_the_memory_of_the_smallest_gpu_offered():
+    # The fake's GPU at NVML index i has 80 + i GiB: cccc-2 80, aaaa-0 81, dddd-3 82, bbbb-1 83.
+    assert node_gpus("2", FakeNvml(MACHINE), {}).slot_memory == 81 * GIB  # aaaa-0 and bbbb-1
+    assert node_gpus("all", FakeNvml(MACHINE), {jobenv.CUDA_VISIBLE_DEVICES: "3,1"}).slot_memory == 82 * GIB
+    assert node_gpus("all", FakeNvml(MACHINE), {}).slot_memory == 80 * GIB
 
 
 def test_the_slots_users_see_stay_0_to_n_minus_1():

@@ -9,7 +9,6 @@ import torch
 from elastic_rl import device, jobenv
 from elastic_rl.errors import WrongDevice
 from elastic_rl.model.gpt import transformer_config
-from elastic_rl.model.source import from_toy_spec
 from elastic_rl.spec.model import ModelSpec
 from policies.devices import DeviceKind, Precision, ProcessDevice
 
@@ -46,7 +45,7 @@ def test_a_cuda_build_that_sees_no_gpu_is_a_crash_not_the_wrong_device(monkeypat
 
 
 def test_bf16_is_megatrons_autocast_over_fp32_parameters():
-    arch = from_toy_spec(ModelSpec(), 64)
+    arch = ModelSpec().toy_architecture(64)
     fp32 = transformer_config(arch, 1)
     assert not fp32.enable_autocast and fp32.params_dtype == torch.float32
     mixed = transformer_config(arch, 1, Precision.BF16)

@@ -11,7 +11,6 @@ from megatron.core import parallel_state
 
 from elastic_rl.model import sequence_log_probs as module
 from elastic_rl.model.gpt import build_gpt, destroy_model_parallel, init_model_parallel
-from elastic_rl.model.source import from_toy_spec
 from elastic_rl.net import free_port
 from elastic_rl.spec.model import ModelSpec
 
@@ -55,7 +54,7 @@ def tiny_gpt():
     """A real two-layer megatron GPTModel with tied embeddings, at tensor-parallel size 1, in this process."""
     init_model_parallel(1, seed=3, init_method=f"tcp://127.0.0.1:{free_port()}")
     spec = ModelSpec(hidden_size=32, num_layers=2, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=48)
-    yield build_gpt(replace(from_toy_spec(spec, 64), tie_embeddings=True))
+    yield build_gpt(replace(spec.toy_architecture(64), tie_embeddings=True))
     destroy_model_parallel()
 
 

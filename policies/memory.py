@@ -1,0 +1,218 @@
+"""How many bytes one trainer rank holds, for a model and a replica layout: what `erl plan` prints and
+what `erl submit` checks against the memory of a node's slots.
+
+Pure. Parameters are counted exactly as megatron-core's GPTModel lays them out (the local layer spec:
+column-parallel weights split by output rows, row-parallel ones by input columns, the vocabulary split
+across tensor-parallel ranks, norms replicated), so the count equals the built model's on every rank.
+A pipeline stage holds its share of the layers (the first ones take the remainder), the first stage the
+embedding and the last the output layer, both with tied embeddings. The rank accounted is the stage
+that holds the most, activations included.
+
+Bytes per parameter come from the ``Precision`` the trainer uses: today fp32 parameters, fp32
+gradients and AdamW's two fp32 moments, the optimizer whole on every rank (16 bytes a parameter,
+whatever ``trainer.dtype``: bf16 is autocast over fp32 parameters). ``MEGATRON_BF16`` is megatron's
+bf16 training with its distributed optimizer (bf16 parameters and gradients, fp32 main weights and
+moments sharded over the replica's data-parallel ranks), for the figures of layouts not built here.
+
+Activations are an estimate, stated so it can be checked (docs/benchmarks.md compares it with measured
+peaks): micro-batches of ``tokens`` token slots, every layer's saved tensors at once (no
+recomputation), with unfused attention's score and probability matrices, as many micro-batches as a
+pipeline stage keeps in flight, and the output layer's logits three times over in fp32 (the logits,
+their log-softmax and its gradient).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1024**2
+GIB = 1024**3
+FP32_BYTES = 4
+# Per token and layer, in elements of the compute dtype: the tensors a transformer layer keeps for its
+# backward pass, in units of the hidden size (the two norms' inputs and outputs, the attention and MLP
+# inputs, the residual adds), of the query/key/value width (q, k and v before and after rotary), and of
+# the MLP's inner width (fc1's gate and up outputs, the SwiGLU product, fc2's input).
+HIDDEN_COPIES = 8
+QKV_COPIES = 2
+FFN_COPIES = 5
+# Unfused attention: the scores, their masked copy and the softmax's output are alive together at the
+# softmax (the probabilities stay for the backward pass), per token, per head, per key position.
+ATTENTION_MATRICES = 3
+LOGIT_COPIES = 3
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes that decide a Llama-family model's parameters and activations."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    ffn_hidden_size: int
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One replica's ranks: tensor- times pipeline- times data-parallel."""
+
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    data_parallel: int = 1
+
+    @property
+    def ranks(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+
+    def __str__(self) -> str:
+        return f"TP={self.tensor_parallel} PP={self.pipeline_parallel} DP={self.data_parallel}"
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter of each kind of state, and whether the optimizer's is sharded."""
+
+    name: str
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    """Adam's moments plus any main (master) copy of the weights."""
+    optimizer_sharded: bool
+    """Split over the replica's data-parallel ranks (a distributed optimizer)."""
+    activation_bytes: int
+    """Per saved activation element (logits are fp32 either way)."""
+
+
+FP32_WHOLE = Precision("fp32 parameters, whole AdamW", FP32_BYTES, FP32_BYTES, 2 * FP32_BYTES, False, FP32_BYTES)
+"""This trainer, fp32 or bf16 autocast (bf16 matmul outputs; counted as fp32 to stay on the safe side)."""
+MEGATRON_BF16 = Precision("bf16 parameters, distributed optimizer", 2, 2, 3 * FP32_BYTES, True, 2)
+"""Megatron's bf16 training with fp32 main weights and moments sharded over data-parallel ranks."""
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """What one rank of a replica holds, in bytes."""
+
+    parameters: int
+    """Its parameters (its share of the model), counted, not estimated."""
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    reference_bytes: int
+    """The frozen reference model for the KL penalty, in the parameters' dtype; 0 without one."""
+    activation_bytes: int
+
+    @property
+    def total(self) -> int:
+        return (
+            self.parameter_bytes
+            + self.gradient_bytes
+            + self.optimizer_bytes
+            + self.reference_bytes
+            + self.activation_bytes
+        )
+
+
+def layers_per_stage(num_layers: int, pipeline_parallel: int) -> list[int]:
+    """How many transformer layers each pipeline stage holds; the first stages take the remainder."""
+    base, extra = divmod(num_layers, pipeline_parallel)
+    return [base + (1 if stage < extra else 0) for stage in range(pipeline_parallel)]
+
+
+def layer_parameters(shape: ModelShape, tensor_parallel: int) -> int:
+    """One transformer layer's parameters on one tensor-parallel rank."""
+    hidden, head_dim = shape.hidden_size, shape.head_dim
+    qkv_rows = (shape.num_attention_heads + 2 * shape.num_query_groups) * head_dim
+    attention_width = shape.num_attention_heads * head_dim
+    split = (
+        qkv_rows * hidden  # linear_qkv, column-parallel
+        + (qkv_rows if shape.qkv_bias else 0)
+        + hidden * attention_width  # linear_proj, row-parallel
+        + 2 * shape.ffn_hidden_size * hidden  # linear_fc1 (gate and up), column-parallel
+        + hidden * shape.ffn_hidden_size  # linear_fc2, row-parallel
+    ) // tensor_parallel
+    replicated = 2 * hidden + (2 * head_dim if shape.qk_norm else 0)  # input and pre-MLP norms, q/k norms
+    return split + replicated
+
+
+def stage_parameters(shape: ModelShape, layout: Layout) -> list[int]:
+    """Each pipeline stage's parameters on one of its tensor-parallel ranks."""
+    embedding = shape.vocab_size * shape.hidden_size // layout.tensor_parallel
+    stages = layout.pipeline_parallel
+    counts = []
+    for stage, layers in enumerate(layers_per_stage(shape.num_layers, stages)):
+        count = layers * layer_parameters(shape, layout.tensor_parallel)
+        first, last = stage == 0, stage == stages - 1
+        if first:
+            count += embedding
+        if last:
+            count += shape.hidden_size  # the final norm
+            # The output layer; with tied embeddings the last stage holds its own copy of the embedding
+            # unless it is also the first.
+            if not shape.tie_embeddings or not first:
+                count += embedding
+        counts.append(count)
+    return counts
+
+
+def activation_bytes(
+    shape: ModelShape, layout: Layout, precision: Precision, tokens: int, sequence: int, stage: int = 0
+) -> int:
+    """The stated estimate for pipeline stage ``stage``: micro-batches of ``tokens`` token slots whose
+    longest sample has ``sequence`` tokens. Under megatron's one-forward-one-backward schedule stage s of
+    p holds p - s micro-batches' activations at its peak; the last stage also holds the logits."""
+    tp = layout.tensor_parallel
+    qkv = (shape.num_attention_heads + 2 * shape.num_query_groups) * shape.head_dim
+    per_token_layer = (
+        HIDDEN_COPIES * shape.hidden_size
+        + QKV_COPIES * qkv // tp
+        + FFN_COPIES * shape.ffn_hidden_size // tp
+        + ATTENTION_MATRICES * shape.num_attention_heads // tp * sequence
+    )
+    stages = layout.pipeline_parallel
+    layers = layers_per_stage(shape.num_layers, stages)[stage]
+    in_flight = stages - stage
+    logits = LOGIT_COPIES * shape.vocab_size // tp * FP32_BYTES if stage == stages - 1 else 0
+    return tokens * (in_flight * layers * per_token_layer * precision.activation_bytes + logits)
+
+
+def rank_memory(
+    shape: ModelShape,
+    layout: Layout,
+    precision: Precision,
+    tokens: int,
+    sequence: int,
+    reference_model: bool,
+) -> RankMemory:
+    """What the fullest rank of a replica in ``layout`` holds: its stage's parameters, their gradients
+    and optimizer state (sharded over data-parallel ranks if the precision says so), the reference
+    model's copy, and its micro-batches' activations."""
+    optimizer_share = layout.data_parallel if precision.optimizer_sharded else 1
+    ranks = [
+        RankMemory(
+            parameters=parameters,
+            parameter_bytes=parameters * precision.parameter_bytes,
+            gradient_bytes=parameters * precision.gradient_bytes,
+            optimizer_bytes=-(-parameters * precision.optimizer_bytes // optimizer_share),
+            reference_bytes=parameters * precision.parameter_bytes if reference_model else 0,
+            activation_bytes=activation_bytes(shape, layout, precision, tokens, sequence, stage),
+        )
+        for stage, parameters in enumerate(stage_parameters(shape, layout))
+    ]
+    return max(ranks, key=lambda rank: rank.total)
+
+
+def slot_shortfall(need: int, slot_memory: dict[str, int | None]) -> str | None:
+    """Why no node can hold a rank needing ``need`` bytes, given each eligible node's memory per slot
+    (None where the node does not know it); None when one can, or when it cannot be known: a node of
+    unknown memory might, and with no eligible node yet the job waits for one."""
+    if not slot_memory or any(memory is None or memory >= need for memory in slot_memory.values()):
+        return None
+    largest = max(memory for memory in slot_memory.values() if memory is not None)
+    nodes = ", ".join(f"{node} {memory / GIB:.1f} GiB" for node, memory in sorted(slot_memory.items()))
+    return f"a trainer rank needs {need / GIB:.2f} GiB and the largest slot holds {largest / GIB:.1f} GiB ({nodes})"

@@ -1,0 +1,109 @@
+"""One trainer rank's memory against `erl plan`'s accounting, started by test_memory_accounting.py.
+
+    python -m tests.integration.memory_worker OUT_FILE SPEC [KEY=VALUE ...]   (RANK, WORLD_SIZE, MASTER_* set)
+
+Builds the spec's model at the spec's tensor-parallel size, as the trainer does, and takes one GRPO step
+on a micro-batch of the longest samples the spec allows (every sample the plan's longest, half prompt
+and half response) with the trainer's fused AdamW. Writes, per rank, the parameters built and accounted,
+the bytes the weights, gradients and optimizer state hold and were accounted, and the growth of the
+process's peak memory from just before the model was built against the accounted total: its resident
+memory on a CPU slot, the CUDA allocator's allocations on a GPU slot (`tests/gpu/test_gpu_memory.py`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import orjson
+import torch
+
+from checkpoints.rollout_log import RolloutBatch, response_mask
+from elastic_rl import device as process_device
+from elastic_rl.memory_plan import plan
+from elastic_rl.model.gpt import init_model_parallel
+from elastic_rl.model.source import ModelSource
+from elastic_rl.spec.loading import load_spec
+from elastic_rl.trainer.grpo import GrpoTrainer
+from policies.devices import DeviceKind, Precision
+
+
+def resident(field: str) -> int:
+    """VmRSS or VmHWM (the peak), in bytes."""
+    return int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
+class PeakGrowth:
+    """How far this process's memory on its device rose above where it stood when made."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            self.before = torch.cuda.memory_allocated()
+        else:
+            Path("/proc/self/clear_refs").write_text("5")  # the peak from here on
+            self.before = resident("VmRSS")
+
+    def bytes(self) -> int:
+        return (torch.cuda.max_memory_allocated() if self.cuda else resident("VmHWM")) - self.before
+
+
+def longest_batch(samples: int, width: int, vocab: int) -> RolloutBatch:
+    generator = torch.Generator().manual_seed(5)
+    prompts = torch.full((samples,), width // 2)
+    responses = torch.full((samples,), width - width // 2)
+    return RolloutBatch(
+        tokens=torch.randint(4, vocab, (samples, width), generator=generator),
+        prompt_lengths=prompts,
+        response_lengths=responses,
+        engine_logprobs=-torch.rand(samples, width, generator=generator),
+        rewards=torch.rand(samples, generator=generator),
+        prompt_indices=torch.arange(samples),
+        prompt_epochs=torch.zeros(samples, dtype=torch.long),
+        weight_versions=torch.zeros(samples, dtype=torch.long),
+        loss_mask=response_mask(prompts, responses, width),
+    )
+
+
+def state_bytes(tensors) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+def main() -> None:
+    out, spec_path, overrides = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+    spec = load_spec(spec_path, overrides)
+    compute = process_device.assigned()
+    init_model_parallel(spec.trainer.tensor_parallel, seed=spec.seed, device=compute)
+    planned = plan(spec)
+    source = ModelSource.from_spec(spec.model)
+    samples = spec.trainer.micro_batch_size
+    batch = longest_batch(samples, planned.sequence, source.architecture.vocab_size)
+
+    growth = PeakGrowth(compute.kind is DeviceKind.CUDA)
+    model = source.build_policy(Precision(spec.trainer.dtype), compute.torch_device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    trainer = GrpoTrainer(spec, model, None, None, None, replica=0)
+    context = trainer.prepare(0, batch)
+    trainer._shard_loss(context, torch.arange(samples), int(context.mask.sum()), samples, backward=True)
+    optimizer.step()
+    peak_growth = growth.bytes()
+
+    parameters = list(model.parameters())
+    moments = [value for state in optimizer.state.values() for value in state.values() if value.dim() > 0]
+    memory = planned.memory
+    result = {
+        "parameters": sum(p.numel() for p in parameters),
+        "accounted_parameters": memory.parameters,
+        "state_bytes": state_bytes(parameters) + state_bytes(p.grad for p in parameters) + state_bytes(moments),
+        "accounted_state_bytes": memory.parameter_bytes + memory.gradient_bytes + memory.optimizer_bytes,
+        "peak_growth_bytes": peak_growth,
+        "accounted_total_bytes": memory.total,
+    }
+    rank = torch.distributed.get_rank()
+    out.with_suffix(f".{rank}.json").write_bytes(orjson.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

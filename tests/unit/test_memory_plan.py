@@ -1,0 +1,116 @@
+"""The memory accounting (policies.memory, elastic_rl.memory_plan, `erl plan`): parameters counted as the
+layouts lay them out, bytes per parameter by precision, the micro-batch the estimate takes, and the check
+against the slots' memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastic_rl.cli.main import main
+from elastic_rl.memory_plan import plan
+from elastic_rl.spec.loading import load_spec
+from policies.memory import (
+    FP32_WHOLE,
+    GIB,
+    MEGATRON_BF16,
+    Layout,
+    ModelShape,
+    activation_bytes,
+    layer_parameters,
+    layers_per_stage,
+    rank_memory,
+    slot_shortfall,
+    stage_parameters,
+)
+from tests.processes import SPEC
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+# Llama 3 8B's config.json: 8,030,261,248 parameters, as its model card counts them.
+LLAMA_8B = ModelShape(
+    vocab_size=128256,
+    hidden_size=4096,
+    num_layers=32,
+    num_attention_heads=32,
+    num_query_groups=8,
+    head_dim=128,
+    ffn_hidden_size=14336,
+)
+SMALL = ModelShape(64, 16, 5, 4, 2, 4, 32)
+
+
+def test_a_known_model_is_counted_to_the_parameter():
+    assert sum(stage_parameters(LLAMA_8B, Layout())) == 8_030_261_248
+
+
+def test_tensor_parallel_ranks_split_the_matrices_and_each_keep_the_norms():
+    whole, half = layer_parameters(SMALL, 1), layer_parameters(SMALL, 2)
+    norms = 2 * SMALL.hidden_size
+    assert half - norms == (whole - norms) // 2
+    with_extras = ModelShape(64, 16, 5, 4, 2, 4, 32, qkv_bias=True, qk_norm=True)
+    qkv_rows = (4 + 2 * 2) * 4
+    assert layer_parameters(with_extras, 1) == whole + qkv_rows + 2 * 4
+
+
+def test_pipeline_stages_split_the_layers_and_the_ends_hold_the_embeddings():
+    assert layers_per_stage(30, 4) == [8, 8, 7, 7]
+    embedding = SMALL.vocab_size * SMALL.hidden_size
+    one = stage_parameters(SMALL, Layout())
+    two = stage_parameters(SMALL, Layout(pipeline_parallel=2))
+    assert sum(two) == sum(one)  # untied: each end holds its own matrix either way
+    tied = ModelShape(64, 16, 5, 4, 2, 4, 32, tie_embeddings=True)
+    # Tied, one stage holds the matrix once; split, the last stage holds its own copy of the first's.
+    assert sum(stage_parameters(tied, Layout())) == sum(one) - embedding
+    assert sum(stage_parameters(tied, Layout(pipeline_parallel=2))) == sum(one)
+
+
+def test_bytes_per_parameter_and_the_sharded_optimizer():
+    memory = rank_memory(LLAMA_8B, Layout(), FP32_WHOLE, tokens=1, sequence=1, reference_model=True)
+    assert memory.parameter_bytes == memory.gradient_bytes == memory.reference_bytes == 4 * memory.parameters
+    assert memory.optimizer_bytes == 8 * memory.parameters
+    layout = Layout(tensor_parallel=2, pipeline_parallel=2, data_parallel=4)
+    sharded = rank_memory(LLAMA_8B, layout, MEGATRON_BF16, tokens=1, sequence=1, reference_model=False)
+    assert sharded.parameters in stage_parameters(LLAMA_8B, layout)
+    assert sharded.optimizer_bytes == 12 * sharded.parameters // 4
+    assert sharded.reference_bytes == 0
+
+
+def test_activations_grow_with_the_tokens_and_the_attention_with_the_sequence():
+    def activations(tokens: int, sequence: int) -> int:
+        return rank_memory(SMALL, Layout(), FP32_WHOLE, tokens, sequence, False).activation_bytes
+
+    assert activations(200, 100) == 2 * activations(100, 100)
+    assert activations(100, 200) > activations(100, 100)
+
+
+def test_the_first_pipeline_stage_holds_a_micro_batch_in_flight_per_stage():
+    layout = Layout(pipeline_parallel=2)
+    first = activation_bytes(SMALL, layout, FP32_WHOLE, 100, 100, stage=0)
+    last = activation_bytes(SMALL, layout, FP32_WHOLE, 100, 100, stage=1)
+    logits = 100 * 3 * SMALL.vocab_size * 4
+    # Three layers twice over on the first stage, two layers once and the logits on the last.
+    assert (first // 6) == (last - logits) // 2
+
+
+def test_the_micro_batch_is_the_longest_samples_the_spec_allows():
+    default = plan(load_spec(SPEC))  # 64 samples of the whole 64-token context
+    assert (default.tokens, default.sequence) == (64 * 64, 64)
+    bounded = plan(load_spec(SPEC, ["rollout.max_prompt_len=20", "rollout.max_new_tokens=12"]))
+    assert (bounded.tokens, bounded.sequence) == (64 * 32, 32)
+    budget = plan(load_spec(SPEC, ["trainer.max_tokens_per_micro_batch=48"]))
+    assert budget.tokens == 64  # a sample longer than the budget goes alone
+    assert plan(load_spec(SPEC, ["algorithm.kl_coef=0.1"])).memory.reference_bytes > 0
+
+
+def test_a_slot_too_small_everywhere_is_a_shortfall_and_an_unknown_one_is_not():
+    assert slot_shortfall(2 * GIB, {}) is None  # no node of the kind yet: the job waits
+    assert slot_shortfall(2 * GIB, {"a": GIB, "b": None}) is None  # b might hold it
+    assert slot_shortfall(2 * GIB, {"a": GIB, "b": 3 * GIB}) is None
+    message = slot_shortfall(2 * GIB, {"a": GIB, "b": GIB // 2})
+    assert message is not None and "a 1.0 GiB" in message and "b 0.5 GiB" in message
+
+
+def test_erl_plan_prints_the_rank_of_the_spec(capsys):
+    assert main(["plan", str(SPEC), "--set", "trainer.tensor_parallel=2"]) == 0
+    out = capsys.readouterr().out
+    assert "TP=2" in out and "41,280" in out  # what each rank of a TP=2 replica builds (test_memory_accounting)
