@@ -209,7 +209,9 @@ def load_snapshot(state: TrainingState, path: Path, group: torch.distributed.Pro
     for param in state.model.parameters():
         if param not in state.optimizer.state:
             state.optimizer.state[param] = {
-                "step": torch.tensor(0.0),
+                # On the parameter's device, as AdamW makes it: the fused CUDA kernel refuses a step
+                # counter in CPU memory (seen on an H100: every resume's first step failed).
+                "step": torch.zeros((), dtype=torch.float32, device=param.device),
                 **{key: torch.zeros_like(param.data) for key in ADAM_STATES},
             }
     live = _local_entries(state, step=0, last_rollout=0)
