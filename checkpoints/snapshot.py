@@ -5,7 +5,11 @@ RNG state, the optimizer step and the id of the last rollout applied, every
 value a tensor. Each tensor-parallel rank contributes its own slices as
 DTensors over the TP mesh, described in the TP=1 layout (the gated MLP's
 ``linear_fc1`` is saved as separate ``gate`` and ``up`` halves), so DCP can
-load a snapshot taken at one TP size into a model built at another. Loading
+load a snapshot taken at one TP size into a model built at another. A
+replica's data-parallel ranks hold the same weights (DCP writes each once);
+with the optimizer sharded across them, each rank saves the moments of the
+parameters it owns, under those parameters' names, so a snapshot loads at
+any data-parallel size, sharded or not. Loading
 unpickles nothing beyond DCP's own metadata types (``checkpoints.safe_reader``).
 
 Saving is asynchronous by default: a background thread copies the tensors
@@ -206,7 +210,8 @@ def load_snapshot(state: TrainingState, path: Path, group: torch.distributed.Pro
     """Restore ``state`` from the snapshot at ``path`` (any TP size); return (step, last_rollout).
     ``group``: the gloo group DCP coordinates over (the ``SnapshotWriter``'s), never the replica's
     default group, which is NCCL's on a GPU."""
-    for param in state.model.parameters():
+    # Only the parameters this rank's optimizer updates: sharded, the others' state is another rank's.
+    for param in (param for group in state.optimizer.param_groups for param in group["params"]):
         if param not in state.optimizer.state:
             state.optimizer.state[param] = {
                 # On the parameter's device, as AdamW makes it: the fused CUDA kernel refuses a step

@@ -427,7 +427,7 @@ class JobAgent:
             if not due or not await self._ready(members[0][0]):
                 continue
             if members[0][0].role in (Role.TRAINER, Role.SPARE):
-                if len(procs) < self.spec.trainer.tensor_parallel:
+                if len(procs) < self.spec.trainer.ranks_per_replica:
                     continue  # a rank is not assigned here yet
                 for partner in (p for p in procs if p.state is ProcState.RUNNING):
                     # A group starts whole (a rank died while erld was down, say): its live ranks go too.

@@ -9,7 +9,7 @@ from the advertise host of the node its server runs on.
 
     services        lighthouse, router, orchestrator (one node, no device slot)
     engine-<i>      engine-<i>                  (engines.tp_size slots on one node; one for a cpu engine)
-    replica-<k>     trainer-<k>-<rank>          (trainer.tensor_parallel slots on one node)
+    replica-<k>     trainer-<k>-<rank>          (trainer.tensor_parallel x data_parallel slots on one node)
     spare-<s>       spare-<s>-<rank>            (likewise, warm spares)
 
 Colocated (``placement: colocated``), engine-<i> takes no slot of its own: it
@@ -62,18 +62,18 @@ class ProcSpec:
 
 
 def job_groups(spec: JobSpec) -> list[Group]:
-    tp = spec.trainer.tensor_parallel
+    ranks = spec.trainer.ranks_per_replica
     replicas, spares = spec.trainer_groups
     on_gpu = _trainers_on_gpu(spec)
     groups = [Group(SERVICES, GroupKind.SERVICES, 0)]
     groups += [engine_group(spec, i) for i in range(spec.engine_count)]
     groups += [replica_group(spec, k) for k in range(replicas)]
-    groups += [Group(f"spare-{s}", GroupKind.SPARE, tp, on_gpu) for s in range(spares)]
+    groups += [Group(f"spare-{s}", GroupKind.SPARE, ranks, on_gpu) for s in range(spares)]
     return groups
 
 
 def replica_group(spec: JobSpec, index: int) -> Group:
-    return Group(f"replica-{index}", GroupKind.REPLICA, spec.trainer.tensor_parallel, _trainers_on_gpu(spec))
+    return Group(f"replica-{index}", GroupKind.REPLICA, spec.trainer.ranks_per_replica, _trainers_on_gpu(spec))
 
 
 def _trainers_on_gpu(spec: JobSpec) -> bool:
@@ -156,7 +156,7 @@ def process_env(
                 identity: str(proc.group_index),
                 "RANK": str(proc.rank),
                 "LOCAL_RANK": str(proc.rank),
-                "WORLD_SIZE": str(spec.trainer.tensor_parallel),
+                "WORLD_SIZE": str(spec.trainer.ranks_per_replica),
                 "MASTER_ADDR": advertise_host,
             }
         )

@@ -15,6 +15,7 @@ from elastic_rl.spec.engines import DEFAULT_COUNT, EnginesSpec
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.spec.placement import PlacementMode
 from elastic_rl.spec.sizes import SizeRange, declared_sizes
+from elastic_rl.spec.trainer import TrainerSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
 from elastic_rl.store.devices import (
@@ -273,7 +274,7 @@ async def _room_for(store: Store, job_id: str, raw: dict, minimums: dict[str, in
     }
     per_group = {
         "engines": EnginesSpec.model_construct(**raw["engines"]).slots,
-        "replicas": raw["trainer"]["tensor_parallel"],
+        "replicas": TrainerSpec.model_construct(**raw["trainer"]).ranks_per_replica,
     }
     free_slots = None
     for name, least in minimums.items():

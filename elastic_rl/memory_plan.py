@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from elastic_rl.architecture import Architecture, from_hf_config
 from elastic_rl.spec.job import JobSpec
-from policies.memory import FP32_WHOLE, Layout, ModelShape, RankMemory, rank_memory
+from policies.memory import FP32_SHARDED, FP32_WHOLE, Layout, ModelShape, Precision, RankMemory, rank_memory
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ def spec_architecture(spec: JobSpec) -> Architecture:
     return spec.model.toy_architecture(padded_vocab_size(load_tokenizer(spec.model)))
 
 
+def precision_of(spec: JobSpec) -> Precision:
+    return FP32_SHARDED if spec.trainer.data_parallel > 1 and spec.trainer.shard_optimizer else FP32_WHOLE
+
+
 def longest_sample(spec: JobSpec) -> int:
     """The most tokens one sample can have, prompt and response."""
     context = spec.model.context_length
@@ -65,11 +69,12 @@ def plan(spec: JobSpec) -> MemoryPlan:
     sequence = longest_sample(spec)
     budget = spec.trainer.max_tokens_per_micro_batch
     tokens = max(budget, sequence) if budget is not None else spec.trainer.micro_batch_size * sequence
-    layout = Layout(tensor_parallel=spec.trainer.tensor_parallel)
+    trainer = spec.trainer
+    layout = Layout(tensor_parallel=trainer.tensor_parallel, data_parallel=trainer.data_parallel)
     memory = rank_memory(
         model_shape(spec_architecture(spec)),
         layout,
-        FP32_WHOLE,
+        precision_of(spec),
         tokens=tokens,
         sequence=sequence,
         reference_model=spec.algorithm.kl_coef > 0,

@@ -8,11 +8,13 @@ A pipeline stage holds its share of the layers (the first ones take the remainde
 embedding and the last the output layer, both with tied embeddings. The rank accounted is the stage
 that holds the most, activations included.
 
-Bytes per parameter come from the ``Precision`` the trainer uses: today fp32 parameters, fp32
-gradients and AdamW's two fp32 moments, the optimizer whole on every rank (16 bytes a parameter,
-whatever ``trainer.dtype``: bf16 is autocast over fp32 parameters). ``MEGATRON_BF16`` is megatron's
-bf16 training with its distributed optimizer (bf16 parameters and gradients, fp32 main weights and
-moments sharded over the replica's data-parallel ranks), for the figures of layouts not built here.
+Bytes per parameter come from the ``Precision`` the trainer uses: fp32 parameters, fp32 gradients and
+AdamW's two fp32 moments (16 bytes a parameter, whatever ``trainer.dtype``: bf16 is autocast over fp32
+parameters), the moments whole on every rank or sharded over the replica's data-parallel ranks (an even
+split: torch's ZeroRedundancyOptimizer splits by whole tensors, so a rank may hold one tensor's moments
+more). ``MEGATRON_BF16`` is megatron's bf16 training with its distributed optimizer (bf16 parameters
+and gradients, fp32 main weights and moments sharded over data-parallel ranks), for the figures of
+layouts not built here.
 
 Activations are an estimate, stated so it can be checked (docs/benchmarks.md compares it with measured
 peaks): micro-batches of ``tokens`` token slots, every layer's saved tensors at once (no
@@ -90,6 +92,10 @@ class Precision:
 
 FP32_WHOLE = Precision("fp32 parameters, whole AdamW", FP32_BYTES, FP32_BYTES, 2 * FP32_BYTES, False, FP32_BYTES)
 """This trainer, fp32 or bf16 autocast (bf16 matmul outputs; counted as fp32 to stay on the safe side)."""
+FP32_SHARDED = Precision(
+    "fp32 parameters, AdamW sharded over DP", FP32_BYTES, FP32_BYTES, 2 * FP32_BYTES, True, FP32_BYTES
+)
+"""This trainer with ``trainer.shard_optimizer`` at ``trainer.data_parallel`` > 1 (ZeRO's first stage)."""
 MEGATRON_BF16 = Precision("bf16 parameters, distributed optimizer", 2, 2, 3 * FP32_BYTES, True, 2)
 """Megatron's bf16 training with fp32 main weights and moments sharded over data-parallel ranks."""
 

@@ -13,11 +13,11 @@ from pathlib import Path
 from elastic_rl import jobs
 from elastic_rl.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, add_command, endpoint, endpoint_given
 from elastic_rl.cli.erld import daemon_running, start_background_daemon
-from elastic_rl.memory_plan import MemoryPlan, plan
+from elastic_rl.memory_plan import MemoryPlan, plan, precision_of
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.spec.loading import dump_spec, load_spec
 from elastic_rl.store.client import Store
-from policies.memory import FP32_WHOLE, GIB, MIB
+from policies.memory import GIB, MIB
 
 SECOND_INTERRUPT_S = 5.0
 
@@ -65,11 +65,11 @@ def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
         else "the model's context; set rollout.max_prompt_len to bound it"
     )
     lines = [
-        f"one trainer rank of {spec.name}: {planned.layout}, {FP32_WHOLE.name}",
+        f"one trainer rank of {spec.name}: {planned.layout}, {precision_of(spec).name}",
         f"  parameters      {memory.parameters:>14,}  (this rank's share of the model)",
         f"  weights         {size(memory.parameter_bytes)}",
         f"  gradients       {size(memory.gradient_bytes)}",
-        f"  optimizer       {size(memory.optimizer_bytes)}  (AdamW's two moments)",
+        f"  optimizer       {size(memory.optimizer_bytes)}  (AdamW's two moments: this rank's share)",
         f"  reference model {size(memory.reference_bytes)}  (algorithm.kl_coef > 0 keeps one)",
         f"  activations     {size(memory.activation_bytes)}  (estimate: a micro-batch of {planned.tokens:,} token "
         f"slots, samples up to {planned.sequence:,} tokens: {bound})",

@@ -153,6 +153,10 @@ class JobSpec(Component):
                 "remove engines.count (or --set engines.count=null): colocated, the engines follow the replicas "
                 "(each replica's slots host trainer.tensor_parallel / engines.tp_size engines)"
             )
+        if self.trainer.data_parallel > 1:
+            problems.append(
+                "set trainer.data_parallel 1: colocated replicas with data-parallel ranks are not built yet"
+            )
         if self.trainer.tensor_parallel % self.engines.tp_size:
             problems.append(
                 f"trainer.tensor_parallel ({self.trainer.tensor_parallel}) must be a multiple of engines.tp_size "
@@ -257,7 +261,7 @@ class JobSpec(Component):
         """Device slots the job takes at its largest: each engine's (its tensor-parallel size; none when
         colocated, as it shares its replica's) and one per trainer rank, warm spares included."""
         engines = 0 if self.colocated else self.engine_count * self.engines.slots
-        return engines + sum(self.trainer_groups) * self.trainer.tensor_parallel
+        return engines + sum(self.trainer_groups) * self.trainer.ranks_per_replica
 
     @property
     def needs_cuda(self) -> bool:

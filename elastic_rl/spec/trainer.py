@@ -19,6 +19,15 @@ class TrainerSpec(Component):
     the quorum at a step boundary)."""
     tensor_parallel: PositiveInt = 1
     """Tensor-parallel ranks inside one replica."""
+    data_parallel: PositiveInt = 1
+    """Data-parallel ranks inside one replica, each with its share of the replica's part of every batch
+    (a replica holds tensor_parallel x data_parallel ranks, all on one node). Across replicas the
+    torchft quorum is the data parallelism that survives faults; inside one, these ranks come and go
+    together."""
+    shard_optimizer: bool = True
+    """With data_parallel > 1, split AdamW's state across the replica's data-parallel ranks (each
+    updates the parameters it owns and sends them to the others: torch's ZeroRedundancyOptimizer), so
+    each rank holds 1/data_parallel of it. Off, every rank holds all of it."""
     global_batch_size: PositiveInt = 64
     """Samples in one optimizer step, summed over every replica."""
     micro_batch_size: PositiveInt = 16
@@ -51,6 +60,11 @@ class TrainerSpec(Component):
     parameters and gradients, so the optimizer and the cross-replica all-reduce stay fp32). bf16
     runs only on GPU slots: placement puts the replicas on nodes started with `erl daemon --gpus`.
     Log probabilities, and their comparison with the engine's, are computed in fp32 either way."""
+
+    @property
+    def ranks_per_replica(self) -> int:
+        """Processes, and device slots, of one replica."""
+        return self.tensor_parallel * self.data_parallel
 
     @model_validator(mode="after")
     def _micro_fits(self) -> TrainerSpec:

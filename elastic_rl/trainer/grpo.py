@@ -2,10 +2,11 @@
 
 A rollout batch is trained in ``samples / global_batch_size`` steps. Each
 step's global batch is split by that step's quorum (participant i of n takes
-shard i), the loss is normalised by the global batch (its response tokens or
-its samples, ``algorithm.loss_aggregation``), and gradients are summed across
-replicas in one all-reduce, so the gradient does not depend on how many
-replicas took part. The same all-reduce carries each
+shard i), and a replica's shard by its data-parallel ranks; the loss is
+normalised by the global batch (its response tokens or its samples,
+``algorithm.loss_aggregation``), and gradients are summed inside the replica
+and then across replicas, so the gradient does not depend on how many
+replicas or ranks took part. The same all-reduce carries each
 replica's verdict on its own shard (finite or not) and the metric sums, so
 every replica sees the same step and reaches the same NaN/Inf response
 (``policies.nan_guard``). The step is taken only if the Manager commits.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+from megatron.core import parallel_state
 
 from checkpoints.rollout_log import RolloutBatch
 from elastic_rl.algo.advantages import token_advantages
@@ -153,6 +155,9 @@ class GrpoTrainer:
         self.device = self.parameters[0].device
         self.consecutive_skips = 0
         self.reduced, self.gradient_size = self._all_reduce_buffer(spec.trainer.replicas.max)
+        # The replica's data-parallel ranks split its part of each step; none apart from this one at 1.
+        self.data_ranks = spec.trainer.data_parallel
+        self.data_rank = parallel_state.get_data_parallel_rank() if self.data_ranks > 1 else 0
 
     def _all_reduce_buffer(self, replicas: int) -> tuple[torch.Tensor, int]:
         """What one step all-reduces, in one tensor: every gradient, then the metric sums, then per replica
@@ -312,15 +317,19 @@ class GrpoTrainer:
         flat = self.reduced
         flat.zero_()  # the gradients (every .grad is a view of it), sums and verdicts of the last step
         measure_gap = spec.algorithm.use_rollout_logprobs and index == 0
-        sums = self._shard_loss(ctx, shards[rank], global_tokens, global_batch, backward=True, measure_gap=measure_gap)
+        mine = self._data_rank_part(shards[rank])
+        sums = self._shard_loss(ctx, mine, global_tokens, global_batch, backward=True, measure_gap=measure_gap)
         local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
 
-        # One all-reduce: gradients, metric sums, and per replica slot its verdict and its shard.
+        # One all-reduce: gradients, metric sums, and per replica slot its verdict and its shard. Inside
+        # the replica first (its data-parallel ranks' sums: a verdict counts the ranks that saw a NaN, the
+        # shard is given once), then across replicas, each rank with its peers of the same place.
         offset = self.gradient_size
         flat[offset : offset + len(METRIC_NAMES)] = sums.to(self.device)
         verdicts = flat[offset + len(METRIC_NAMES) :]
         verdicts[self.replica] = 0.0 if local_finite else 1.0
-        verdicts[replicas + self.replica] = rank + 1
+        verdicts[replicas + self.replica] = rank + 1 if self.data_rank == 0 else 0.0
+        self._sum_in_replica(flat)
         self.manager.allreduce(flat, reduce_op=torch.distributed.ReduceOp.SUM).wait()
         sums = flat[offset : offset + len(METRIC_NAMES)]
 
@@ -358,6 +367,14 @@ class GrpoTrainer:
             self.consecutive_skips += 1
         return StepOutcome(committed, decision, leader=rank == 0)
 
+    def _data_rank_part(self, shard: torch.Tensor) -> torch.Tensor:
+        """This data-parallel rank's rows of its replica's ``shard``."""
+        return shard.tensor_split(self.data_ranks)[self.data_rank]
+
+    def _sum_in_replica(self, tensor: torch.Tensor) -> None:
+        if self.data_ranks > 1:
+            torch.distributed.all_reduce(tensor, group=parallel_state.get_data_parallel_group())
+
     @torch.no_grad()
     def _recompute(
         self,
@@ -371,9 +388,13 @@ class GrpoTrainer:
         replicas = self.spec.trainer.replicas.max
 
         def finite_on(shard_owner: int) -> float:
+            """Every data-parallel rank of this replica reruns its part; finite only if all of them are."""
             shard = shards[int(verdicts[replicas + shard_owner].item()) - 1]
-            sums = self._shard_loss(ctx, shard, global_tokens, self.spec.trainer.global_batch_size, backward=False)
-            return 1.0 if bool(sums.isfinite().all()) else 0.0
+            part = self._data_rank_part(shard)
+            sums = self._shard_loss(ctx, part, global_tokens, self.spec.trainer.global_batch_size, backward=False)
+            nonfinite = torch.tensor([0.0 if bool(sums.isfinite().all()) else 1.0], device=self.device)
+            self._sum_in_replica(nonfinite)
+            return 1.0 if nonfinite.item() == 0 else 0.0
 
         rerun = torch.zeros(replicas, device=self.device)
         if self.replica in health.nonfinite:

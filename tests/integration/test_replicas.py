@@ -15,8 +15,12 @@ pytestmark = [pytest.mark.integration]
 ROLLOUTS = 12
 
 
-def replica_job(replicas: int, tensor_parallel: int = 1, warm_spares: int = 0, rollouts: int = ROLLOUTS) -> list[str]:
+def replica_job(
+    replicas: int, tensor_parallel: int = 1, warm_spares: int = 0, rollouts: int = ROLLOUTS, data_parallel: int = 1
+) -> list[str]:
     return [
+        "--set",
+        f"trainer.data_parallel={data_parallel}",
         "--set",
         f"fault_tolerance.warm_spares={warm_spares}",
         "--set",
@@ -94,6 +98,33 @@ def test_killing_a_tensor_parallel_replica_loses_no_step(daemon, tmp_path):
     check_a_replica_kill(daemon, tmp_path, replicas=2, tensor_parallel=2, rollouts=6, comes_back=False)
 
 
+@pytest.mark.timeout(300)
+def test_a_rank_of_a_data_parallel_replica_killed_loses_no_step(daemon, tmp_path):
+    """Two replicas of two data-parallel ranks with AdamW sharded across them, a rank of replica 1
+    killed: the survivor trains alone, and every rollout is trained once with its whole batch (the
+    weights against a single-rank layout's: in `make chaos`, below)."""
+    victim = "trainer-1-1"
+    assert run_job(daemon, tmp_path, replica_job(2, rollouts=6, data_parallel=2), [(victim, 2)]) == [victim]
+    spec = read_spec(tmp_path)
+    for check in (check_rollouts_applied_once(tmp_path, spec), check_whole_batches(tmp_path, spec)):
+        assert check.held, check
+    killed_at = next(e["time"] for e in job_events(tmp_path) if e["kind"] == "proc_exited")
+    after = [e["participants"] for e in job_events(tmp_path) if e["kind"] == "quorum_changed" and e["time"] > killed_at]
+    assert 1 in after, after
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+def test_a_data_parallel_replica_trains_as_one_rank_does_and_loses_no_step_to_a_kill(daemon, tmp_path):
+    """Two replicas of two data-parallel ranks, AdamW sharded across them, against two replicas of one
+    rank: the same weights within fp32 noise (each step's sums taken in another order); then a rank of
+    replica 1 killed: the survivor trains alone and the weights are still the same."""
+    single = tmp_path / "single"
+    run_job(daemon, single, replica_job(2, rollouts=6), timeout_s=500)
+    check_a_replica_kill(daemon, tmp_path, replicas=2, tensor_parallel=1, rollouts=6, comes_back=False, data_parallel=2)
+    assert_close_relative(final_weights(single, 6), final_weights(tmp_path / "clean", 6), 1e-5)
+
+
 @pytest.mark.chaos
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("tensor_parallel", [1, 2])
@@ -102,13 +133,19 @@ def test_killing_one_of_three_replicas_loses_no_step(daemon, tmp_path, tensor_pa
 
 
 def check_a_replica_kill(
-    daemon, tmp_path, replicas: int, tensor_parallel: int, rollouts: int = ROLLOUTS, comes_back: bool = True
+    daemon,
+    tmp_path,
+    replicas: int,
+    tensor_parallel: int,
+    rollouts: int = ROLLOUTS,
+    comes_back: bool = True,
+    data_parallel: int = 1,
 ) -> None:
     """The job fault-free, then with replica 1's last rank killed: the same weights within fp32 noise."""
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
-    job = replica_job(replicas, tensor_parallel, rollouts=rollouts)
+    job = replica_job(replicas, tensor_parallel, rollouts=rollouts, data_parallel=data_parallel)
     run_job(daemon, clean, job, timeout_s=500)
-    victim = f"trainer-1-{tensor_parallel - 1}"
+    victim = f"trainer-1-{tensor_parallel * data_parallel - 1}"
     killed = run_job(daemon, faulty, job, [(victim, 2)], timeout_s=500)
     assert killed == [victim]
     assert_close_relative(final_weights(clean, rollouts), final_weights(faulty, rollouts), 1e-5)

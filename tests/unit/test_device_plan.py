@@ -9,7 +9,7 @@ from daemon.controller import Controller
 from daemon.gpus import slots_for
 from daemon.plan import Endpoints, job_groups, proc_spec, process_env
 from elastic_rl import jobenv
-from elastic_rl.errors import InputError
+from elastic_rl.errors import InputError, SpecError
 from elastic_rl.spec.loading import validate_spec
 from elastic_rl.store.devices import assignment_slots, used_slots
 from policies.devices import DeviceKind
@@ -111,3 +111,19 @@ def test_gpus_all_or_a_count_of_the_gpus_nvml_found():
 def test_a_weight_broadcast_over_nccl_puts_the_trainers_on_gpus(sglang_installed):
     spec = validate_spec({"name": "j", "engines": {"kind": "sglang", "weight_sync": "distributed"}})
     assert all(g.cuda_only for g in job_groups(spec) if g.kind in (GroupKind.REPLICA, GroupKind.ENGINE))
+
+
+def test_a_replica_holds_a_slot_for_every_tensor_and_data_parallel_rank():
+    spec = validate_spec(
+        {"name": "j", "trainer": {"replicas": 2, "tensor_parallel": 2, "data_parallel": 3}, "engines": {"count": 1}}
+    )
+    replicas = [group for group in job_groups(spec) if group.kind is GroupKind.REPLICA]
+    assert [group.slots for group in replicas] == [6, 6]
+    assert spec.devices_needed == 1 + 2 * 6
+    env = env_of("trainer-1-5", {"device": 5}, spec, DeviceKind.CPU)
+    assert env["RANK"] == "5" and env["WORLD_SIZE"] == "6"
+
+
+def test_colocated_replicas_with_data_parallel_ranks_are_refused():
+    with pytest.raises(SpecError, match="trainer.data_parallel"):
+        validate_spec({"name": "j", "placement": "colocated", "trainer": {"data_parallel": 2}})
