@@ -107,6 +107,7 @@ class JobAgent:
         self.device_cooldown_s = device_cooldown_s
         self.lease = None  # the node lease; set by erld, renewed on a rejoin
         self.submitted: float | None = None  # which submission of the job name this agent runs
+        self.resumed: float | None = None  # and since which resume
         self.policy = RestartPolicy(spec.fault_tolerance.max_restarts, spec.fault_tolerance.restart_window_s)
         self.published: dict[str, dict[str, Any]] = {}
         self.health_watches: dict[str, EngineWatch] = {}

@@ -298,8 +298,13 @@ class Erld:
                 self.agents.pop(job_id, None)
                 continue
             agent = self.agents.get(job_id)
-            if agent is not None and agent.submitted != status.get("submitted"):
-                # The name was submitted again: what runs here belongs to the earlier job.
+            # The name was submitted again: what runs here belongs to the earlier job. Or the job was
+            # resumed, its processes all gone, maybe with another replica layout (`erl resume --set`):
+            # the agent starts again from the spec as it is now.
+            if agent is not None and (agent.submitted, agent.resumed) != (
+                status.get("submitted"),
+                status.get("resumed"),
+            ):
                 await agent.stop(graceful=False)
                 for proc in self.table.of_job(job_id):
                     self.table.forget(proc)
@@ -331,7 +336,7 @@ class Erld:
             self.pool,
         )
         agent.lease = self.lease
-        agent.submitted = status.get("submitted")
+        agent.submitted, agent.resumed = status.get("submitted"), status.get("resumed")
         self.agents[job_id] = agent
         return agent
 

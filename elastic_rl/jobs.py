@@ -13,6 +13,7 @@ from elastic_rl import job_secret
 from elastic_rl.errors import ElasticRLError, InputError
 from elastic_rl.spec.engines import DEFAULT_COUNT, EnginesSpec
 from elastic_rl.spec.job import JobSpec
+from elastic_rl.spec.loading import apply_overrides, parse_override, validate_spec
 from elastic_rl.spec.placement import PlacementMode
 from elastic_rl.spec.sizes import SizeRange, declared_sizes
 from elastic_rl.spec.trainer import TrainerSpec
@@ -181,14 +182,17 @@ def slot_holders(assigned: dict[str, dict]) -> dict[str, list[str]]:
     return dict(sorted(holders.items()))
 
 
-async def resume(store: Store, job_id: str, snapshot_step: int | None = None) -> None:
+async def resume(store: Store, job_id: str, snapshot_step: int | None = None, layout: list[str] = ()) -> None:
     """Put a stopped, failed or paused job back in the queue; its processes resume from the newest
-    snapshot (a paused job waits, pending, for room for its minimum, as it would have by itself)."""
+    snapshot (a paused job waits, pending, for room for its minimum, as it would have by itself).
+    ``layout``: ``--set`` overrides of the replica layout (``RESHARDABLE``), which a snapshot loads into."""
     status = await store.get(keys.job_status(job_id))
     if status is None:
         raise ElasticRLError(f"no job {job_id!r}; `erl list` shows the jobs")
     if status.get("phase") not in ("stopped", "failed", "paused"):
         raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a stopped, failed or paused job resumes")
+    if layout:
+        await store.put(keys.job_spec(job_id), await _relaid(store, job_id, layout))
     if snapshot_step is not None:
         last_rollout = rewind(Path(status["workdir"]), snapshot_step)
         progress = await store.get(keys.job_progress(job_id)) or {}
@@ -204,6 +208,28 @@ async def resume(store: Store, job_id: str, snapshot_step: int | None = None) ->
     # Every process starts afresh: engines given up before are back, the job is no longer degraded.
     queued = {"phase": "pending", "reason": "", "resumed": time.time(), "degraded": []}
     await store.modify(keys.job_status(job_id), lambda current: {**current, **queued})
+
+
+RESHARDABLE = ("trainer.tensor_parallel", "trainer.data_parallel", "trainer.shard_optimizer")
+"""What `erl resume --set` may change: the replica's layout, which every snapshot loads into."""
+
+
+def check_reshardable(overrides: list[str]) -> None:
+    """Refuse (``InputError``) a `erl resume --set` of anything but the replica layout."""
+    for text in overrides:
+        field = ".".join(parse_override(text)[0])
+        if field not in RESHARDABLE:
+            raise InputError(
+                f"erl resume --set {text}: only the replica layout changes on resume ({', '.join(RESHARDABLE)}); "
+                "for anything else submit the job again with a new work dir"
+            )
+
+
+async def _relaid(store: Store, job_id: str, overrides: list[str]) -> dict[str, Any]:
+    """The job's spec with its replica layout changed, validated as a whole (``SpecError``, exit 2)."""
+    check_reshardable(overrides)
+    spec = validate_spec(apply_overrides(await store.get(keys.job_spec(job_id)), overrides), source=f"job {job_id}")
+    return spec.model_dump(mode="json")
 
 
 async def stop(store: Store, job_id: str) -> str:

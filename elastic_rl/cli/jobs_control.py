@@ -40,11 +40,13 @@ async def cmd_scale(args: argparse.Namespace) -> int:
 
 
 async def cmd_resume(args: argparse.Namespace) -> int:
+    jobs.check_reshardable(args.overrides)
     async with Store(endpoint(args), attempts=1) as store:
         await jobs.require_daemon(store)
-        await jobs.resume(store, args.job, args.snapshot)
+        await jobs.resume(store, args.job, args.snapshot, args.overrides)
     where = "the newest valid snapshot" if args.snapshot is None else f"snapshot {args.snapshot}"
-    print(f"job {args.job} resumes from {where}; follow it with `erl status {args.job}`")
+    relaid = f", laid out anew ({', '.join(args.overrides)})" if args.overrides else ""
+    print(f"job {args.job} resumes from {where}{relaid}; follow it with `erl status {args.job}`")
     return 0
 
 
@@ -72,8 +74,8 @@ def add_control_commands(commands) -> None:
     resume = add_command(
         commands,
         "resume",
-        "restart a stopped or failed job from its newest valid snapshot",
-        "erl resume tiny-grpo --snapshot 40",
+        "restart a stopped or failed job from its newest valid snapshot, in the same or another replica layout",
+        "erl resume tiny-grpo --snapshot 40 --set trainer.tensor_parallel=1 --set trainer.data_parallel=2",
         cmd_resume,
     )
     resume.add_argument("job")
@@ -82,4 +84,13 @@ def add_control_commands(commands) -> None:
         type=int,
         metavar="STEP",
         help="resume from this snapshot instead; what came after it is moved to <workdir>/rewound/",
+    )
+    resume.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change the replica layout: trainer.tensor_parallel, trainer.data_parallel or trainer.shard_optimizer "
+        "(the snapshot reshards); repeatable",
     )

@@ -122,11 +122,14 @@ def run_job(
     return [fault if isinstance(fault, str) else fault.__name__ for (fault, _), _ in zip(faults, run.injections)]
 
 
-def stop_and_resume(daemon: Topology, job: str) -> Callable[[], None]:
+def stop_and_resume(daemon: Topology, job: str, layout: tuple[str, ...] = ()) -> Callable[[], None]:
+    """`erl stop`, then `erl resume` (with ``layout``'s ``--set`` overrides of the replica layout)."""
+
     def stop_then_resume() -> None:
         erl("stop", job, "--etcd", daemon.endpoint, check=True)
         wait_phase(daemon, job, ("stopped",), time.monotonic() + 120)
-        erl("resume", job, "--etcd", daemon.endpoint, check=True)
+        relaid = [arg for override in layout for arg in ("--set", override)]
+        erl("resume", job, "--etcd", daemon.endpoint, *relaid, check=True)
 
     return stop_then_resume
 

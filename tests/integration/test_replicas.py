@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from chaos.invariants import check_rollouts_applied_once, check_whole_batches, read_spec
 from checkpoints import layout
-from tests.integration.erld_support import job_events, metrics, run_job
+from tests.integration.erld_support import job_events, metrics, run_job, stop_and_resume
 
 pytestmark = [pytest.mark.integration]
 
@@ -160,3 +160,25 @@ def check_a_replica_kill(
     # Not asserted: that every replica is in the last quorum. On two busy cores a replica late to a
     # quorum is left out for the step (torchft's join timeout) and heals at the next one; with three
     # TP=2 replicas that happens every few steps, and it changes neither the weights nor the rollouts.
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+def test_a_job_stopped_at_dp2_resumes_at_dp1_and_trains_on_from_its_snapshot(daemon, tmp_path):
+    """`erl resume --set` lays the replica out anew: one replica of two data-parallel ranks with AdamW
+    sharded, stopped after five rollouts (its final snapshot holds each rank's half of the moments),
+    resumed as one rank with AdamW whole, ends with the weights of a fault-free run at one rank. (A
+    layout whose sums differ in more than their order, TP=2 against TP=1, changes the weights enough
+    to change a sampled token, and the runs part ways: compared so, a resharded snapshot would show
+    nothing; `tests/integration/test_snapshots.py` loads one across TP sizes exactly.)"""
+    clean, relaid = tmp_path / "clean", tmp_path / "relaid"
+    # Micro-batches of half a step: each data-parallel rank's share is one, so both layouts sum the same
+    # two gradients in the same order and any difference is the resume's.
+    halves = ["--set", "trainer.micro_batch_size=128"]
+    run_job(daemon, clean, replica_job(1, rollouts=8) + halves, timeout_s=500)
+    stop = stop_and_resume(daemon, "tiny-grpo", ("trainer.data_parallel=1",))
+    run_job(daemon, relaid, replica_job(1, rollouts=8, data_parallel=2) + halves, [(stop, 5)], timeout_s=500)
+    assert_close_relative(final_weights(clean, 8), final_weights(relaid, 8), 1e-6)
+    assert read_spec(relaid).trainer.data_parallel == 1
+    resumed = [e for e in job_events(relaid) if e["kind"] == "trainer_resumed"]
+    assert resumed and resumed[-1]["step"] > 0, resumed

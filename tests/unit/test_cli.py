@@ -65,3 +65,9 @@ def test_daemon_gpus_without_nvidias_driver_is_refused_before_anything_starts(ca
     # No GPU and no NVML here: `--gpus` says so and what to use instead (exit 2), and starts no etcd.
     assert main(["daemon", "--gpus", "all", "--etcd-port", "1"]) == 2
     assert "--cpu-devices" in capsys.readouterr().err
+
+
+def test_resume_changes_only_the_replica_layout(capsys):
+    # Refused before any etcd is asked: the job's other fields stay as submitted.
+    assert main(["resume", "tiny-grpo", "--set", "trainer.lr=0.1", "--etcd", "http://127.0.0.1:9"]) == 2
+    assert "trainer.data_parallel" in capsys.readouterr().err
