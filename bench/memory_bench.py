@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from elastic_rl.net import LOOPBACK, free_port  # noqa: E402
 from policies.memory import FP32_WHOLE, GIB, MEGATRON_BF16, Layout, ModelShape, rank_memory  # noqa: E402
+from tests.integration.memory_worker import SMOLLM2_STEP, WIDER_TOY  # noqa: E402
 
 MODELS = {
     "Llama 3.2 1B": ModelShape(128256, 2048, 16, 32, 8, 64, 8192, tie_embeddings=True),
@@ -37,28 +38,8 @@ TOKENS = 4096
 
 MEASURED = {
     "tiny (default micro-batch: 64 x 64 tokens)": ("examples/tiny-grpo.yaml", []),
-    "wider toy (16 x 512 tokens)": (
-        "examples/tiny-grpo.yaml",
-        [
-            "model.hidden_size=512",
-            "model.num_layers=4",
-            "model.num_attention_heads=8",
-            "model.num_query_groups=4",
-            "model.ffn_hidden_size=1024",
-            "model.max_position_embeddings=512",
-            "trainer.micro_batch_size=16",
-            "trainer.global_batch_size=64",
-        ],
-    ),
-    "SmolLM2-135M (4 x 256 tokens)": (
-        "examples/smollm2-math.yaml",
-        [
-            "rollout.max_prompt_len=224",
-            "rollout.n_samples_per_prompt=4",
-            "trainer.micro_batch_size=4",
-            "trainer.global_batch_size=16",
-        ],
-    ),
+    "wider toy (16 x 512 tokens)": ("examples/tiny-grpo.yaml", WIDER_TOY),
+    "SmolLM2-135M (4 x 256 tokens)": ("examples/smollm2-math.yaml", SMOLLM2_STEP),
 }
 
 

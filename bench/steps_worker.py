@@ -28,13 +28,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torchft_overhead import NoQuorum, synthetic_batch  # noqa: E402
+from torchft_overhead import synthetic_batch  # noqa: E402
 
 from elastic_rl.atomic import write_file_atomic  # noqa: E402
 from elastic_rl.model.gpt import build_gpt, init_model_parallel  # noqa: E402
 from elastic_rl.spec.loading import load_spec  # noqa: E402
 from elastic_rl.trainer.grpo import GrpoTrainer  # noqa: E402
 from elastic_rl.trainer.lr_schedule import lr_lambda  # noqa: E402
+from tests.trainer_doubles import FakeSoloQuorum  # noqa: E402
 
 from harness import SPEC  # noqa: E402
 
@@ -42,7 +43,7 @@ from harness import SPEC  # noqa: E402
 OVERRIDES = ["rollout.prompts_per_rollout=16", "trainer.global_batch_size=256", "trainer.replicas=2"]
 
 
-class StaticGroup(NoQuorum):
+class StaticGroup(FakeSoloQuorum):
     """The Manager's interface over a plain torch.distributed group: no quorum, every step commits."""
 
     def num_participants(self) -> int:

@@ -5,7 +5,7 @@
 One process, one replica, the real GRPO step (``GrpoTrainer.step``) on a
 synthetic rollout batch. Steps alternate in blocks between a trainer under a
 real torchft Manager (a lighthouse process, a quorum, the commit vote and the
-Gloo all-reduce every step) and the same trainer under ``NoQuorum``, which
+Gloo all-reduce every step) and the same trainer under ``FakeSoloQuorum``, which
 does none of that. Reported: the median step time of each and their ratio, for
 the tiny example model and a wider one (torchft's cost per step is fixed, so it
 shrinks as the step grows). Target: overhead <= 10%.
@@ -31,6 +31,7 @@ from elastic_rl.model.gpt import build_gpt, init_model_parallel  # noqa: E402
 from elastic_rl.spec.loading import load_spec  # noqa: E402
 from elastic_rl.trainer.grpo import GrpoTrainer  # noqa: E402
 from elastic_rl.trainer.lr_schedule import lr_lambda  # noqa: E402
+from tests.trainer_doubles import FakeSoloQuorum  # noqa: E402
 
 from harness import REPO, SPEC, free_port  # noqa: E402
 
@@ -38,43 +39,6 @@ MODELS = {
     "tiny": [],
     "wide": ["model.hidden_size=256", "model.num_layers=4", "model.ffn_hidden_size=1024"],
 }
-
-
-class _Done:
-    def wait(self) -> None:
-        pass
-
-
-class NoQuorum:
-    """The Manager's interface with nothing behind it: one replica, every step commits."""
-
-    def __init__(self, step: int = 0) -> None:
-        self.step = step
-
-    def start_quorum(self) -> None:
-        pass
-
-    def current_step(self) -> int:
-        return self.step
-
-    def num_participants(self) -> int:
-        return 1
-
-    def participating_rank(self) -> int:
-        return 0
-
-    def allreduce(self, tensor: torch.Tensor, reduce_op=None) -> _Done:
-        return _Done()
-
-    def errored(self):
-        return None
-
-    def report_error(self, error: Exception) -> None:
-        raise error
-
-    def should_commit(self) -> bool:
-        self.step += 1
-        return True
 
 
 def synthetic_batch(samples: int, seed: int) -> RolloutBatch:
@@ -120,7 +84,7 @@ def measure(model: str, blocks: int, steps_per_block: int, lighthouse: str) -> d
         timeout=timeout,
         quorum_timeout=timeout,
     )
-    trainers = {"torchft": trainer_for(spec, manager), "no_quorum": trainer_for(spec, NoQuorum())}
+    trainers = {"torchft": trainer_for(spec, manager), "no_quorum": trainer_for(spec, FakeSoloQuorum())}
     batch = synthetic_batch(spec.rollout.samples_per_rollout, spec.seed)
     contexts = {name: trainer.prepare(0, batch) for name, trainer in trainers.items()}
     times: dict[str, list[float]] = {name: [] for name in trainers}

@@ -33,7 +33,11 @@ def rank_main(steps: int) -> None:
 
     from elastic_rl.model.gpt import init_model_parallel
     from elastic_rl.model.source import ModelSource
+    from elastic_rl.spec.loading import load_spec
+    from elastic_rl.trainer.grpo import GrpoTrainer
+    from elastic_rl.trainer.optimizer import build_optimizer, local_optimizer
     from tests.integration import data_parallel_worker as worker
+    from tests.trainer_doubles import FakeSoloQuorum
 
     torch.set_num_threads(1)
     init_model_parallel(1, seed=7)
@@ -42,15 +46,15 @@ def rank_main(steps: int) -> None:
         times: dict[bool, list[float]] = {True: [], False: []}
         held: dict[bool, int] = {}
         for shard in (True, False, True, False):
-            spec = worker.load_spec(
+            spec = load_spec(
                 REPO / spec_path,
                 [*worker.COMMON, *overrides, "trainer.data_parallel=2", f"trainer.shard_optimizer={shard}"],
             )
             source = ModelSource.from_spec(spec.model)
             model = source.build_policy()
-            optimizer = worker.build_optimizer(model.parameters(), spec.trainer)
+            optimizer = build_optimizer(model.parameters(), spec.trainer)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-            trainer = worker.GrpoTrainer(spec, model, optimizer, scheduler, worker.FakeSoloQuorum(), replica=0)
+            trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0)
             context = trainer.prepare(0, worker.rollout(source.architecture.vocab_size))
             for index in range(steps):
                 torch.distributed.barrier()
@@ -58,7 +62,7 @@ def rank_main(steps: int) -> None:
                 trainer.step(context, index % worker.STEPS)
                 if index > 0:  # the first step makes AdamW's state
                     times[shard].append(time.perf_counter() - started)
-            state = worker.local_optimizer(optimizer).state.values()
+            state = local_optimizer(optimizer).state.values()
             held[shard] = sum(t.numel() * t.element_size() for s in state for t in s.values() if t.dim() > 0)
         if rank == 0:
             sharded, whole = statistics.median(times[True]), statistics.median(times[False])

@@ -14,21 +14,10 @@ from elastic_rl.store.client import Store
 from elastic_rl.store.devices import live_nodes
 from tests.gpu.conftest import require_gpus
 from tests.integration.erld_support import running_daemon
+from tests.integration.memory_worker import WIDER_TOY
 from tests.processes import SPEC, run_module_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
-
-# A toy model wide enough that its activations, not the allocator's rounding, make the peak.
-WIDER_TOY = [
-    "model.hidden_size=512",
-    "model.num_layers=4",
-    "model.num_attention_heads=8",
-    "model.num_query_groups=4",
-    "model.ffn_hidden_size=1024",
-    "model.max_position_embeddings=512",
-    "trainer.micro_batch_size=16",
-    "trainer.global_batch_size=64",
-]
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

@@ -22,7 +22,7 @@ import orjson
 import torch
 
 from checkpoints.layout import snapshot_path
-from checkpoints.rollout_log import RolloutBatch, response_mask
+from checkpoints.rollout_log import RolloutBatch
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl.model.gpt import init_model_parallel
 from elastic_rl.model.source import ModelSource
@@ -31,6 +31,7 @@ from elastic_rl.trainer.grpo import GrpoTrainer
 from elastic_rl.trainer.lr_schedule import lr_lambda
 from elastic_rl.trainer.optimizer import build_optimizer, local_optimizer
 from tests.processes import SPEC
+from tests.trainer_doubles import FakeSoloQuorum, rollout_batch
 
 SAMPLES, WIDTH, STEPS = 32, 24, 4
 COMMON = [
@@ -42,48 +43,11 @@ COMMON = [
 ]
 
 
-class _Done:
-    def wait(self) -> None:
-        pass
-
-
-class FakeSoloQuorum:
-    """Stands in for torchft's Manager with one replica: nothing to all-reduce, every step commits."""
-
-    def num_participants(self) -> int:
-        return 1
-
-    def participating_rank(self) -> int:
-        return 0
-
-    def allreduce(self, tensor: torch.Tensor, reduce_op=None) -> _Done:
-        return _Done()
-
-    def errored(self):
-        return None
-
-    def report_error(self, error: Exception) -> None:
-        raise error
-
-    def should_commit(self) -> bool:
-        return True
-
-
 def rollout(vocab: int) -> RolloutBatch:
     generator = torch.Generator().manual_seed(3)
     prompts = torch.randint(2, 6, (SAMPLES,), generator=generator)
     responses = torch.randint(4, WIDTH - 6, (SAMPLES,), generator=generator)
-    return RolloutBatch(
-        tokens=torch.randint(4, vocab, (SAMPLES, WIDTH), generator=generator),
-        prompt_lengths=prompts,
-        response_lengths=responses,
-        engine_logprobs=-torch.rand(SAMPLES, WIDTH, generator=generator),
-        rewards=torch.rand(SAMPLES, generator=generator),
-        prompt_indices=torch.arange(SAMPLES),
-        prompt_epochs=torch.zeros(SAMPLES, dtype=torch.long),
-        weight_versions=torch.zeros(SAMPLES, dtype=torch.long),
-        loss_mask=response_mask(prompts, responses, WIDTH),
-    )
+    return rollout_batch(torch.randint(4, vocab, (SAMPLES, WIDTH), generator=generator), prompts, responses, generator)
 
 
 def replica(data_parallel: int, shard: bool, initial: dict | None = None) -> tuple[GrpoTrainer, TrainingState]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import torch
 
-from checkpoints.rollout_log import RolloutBatch, response_mask
+from checkpoints.rollout_log import RolloutBatch
 from elastic_rl import device as process_device
 from elastic_rl.memory_plan import plan
 from elastic_rl.model.gpt import init_model_parallel
@@ -27,6 +27,27 @@ from elastic_rl.model.source import ModelSource
 from elastic_rl.spec.loading import load_spec
 from elastic_rl.trainer.grpo import GrpoTrainer
 from policies.devices import DeviceKind, Precision
+from tests.trainer_doubles import rollout_batch
+
+# A toy model wide enough that its activations, not the allocator's rounding, make the peak.
+WIDER_TOY = [
+    "model.hidden_size=512",
+    "model.num_layers=4",
+    "model.num_attention_heads=8",
+    "model.num_query_groups=4",
+    "model.ffn_hidden_size=1024",
+    "model.max_position_embeddings=512",
+    "trainer.micro_batch_size=16",
+    "trainer.global_batch_size=64",
+]
+# SmolLM2 with four samples of 256 tokens: the estimate's score matrices and logits both weigh, and a step
+# takes seconds.
+SMOLLM2_STEP = [
+    "rollout.max_prompt_len=224",
+    "rollout.n_samples_per_prompt=4",
+    "trainer.micro_batch_size=4",
+    "trainer.global_batch_size=16",
+]
 
 
 def resident(field: str) -> int:
@@ -54,17 +75,7 @@ def longest_batch(samples: int, width: int, vocab: int) -> RolloutBatch:
     generator = torch.Generator().manual_seed(5)
     prompts = torch.full((samples,), width // 2)
     responses = torch.full((samples,), width - width // 2)
-    return RolloutBatch(
-        tokens=torch.randint(4, vocab, (samples, width), generator=generator),
-        prompt_lengths=prompts,
-        response_lengths=responses,
-        engine_logprobs=-torch.rand(samples, width, generator=generator),
-        rewards=torch.rand(samples, generator=generator),
-        prompt_indices=torch.arange(samples),
-        prompt_epochs=torch.zeros(samples, dtype=torch.long),
-        weight_versions=torch.zeros(samples, dtype=torch.long),
-        loss_mask=response_mask(prompts, responses, width),
-    )
+    return rollout_batch(torch.randint(4, vocab, (samples, width), generator=generator), prompts, responses, generator)
 
 
 def state_bytes(tensors) -> int:

@@ -16,12 +16,13 @@ from pathlib import Path
 import orjson
 import torch
 
-from checkpoints.rollout_log import RolloutBatch, response_mask
+from checkpoints.rollout_log import RolloutBatch
 from elastic_rl.model.gpt import destroy_model_parallel, init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.spec.loading import load_spec
 from elastic_rl.trainer.grpo import GrpoTrainer
 from tests.processes import SPEC
+from tests.trainer_doubles import rollout_batch
 
 SAMPLES, WIDTH = 12, 24
 GROUPINGS = {
@@ -38,17 +39,7 @@ def varied_batch(vocab: int) -> RolloutBatch:
     tokens = torch.randint(4, vocab, (SAMPLES, WIDTH), generator=generator)
     positions = torch.arange(WIDTH).unsqueeze(0)
     tokens[positions >= (prompts + responses).unsqueeze(1)] = 0
-    return RolloutBatch(
-        tokens=tokens,
-        prompt_lengths=prompts,
-        response_lengths=responses,
-        engine_logprobs=-torch.rand(SAMPLES, WIDTH, generator=generator),
-        rewards=torch.rand(SAMPLES, generator=generator),
-        prompt_indices=torch.arange(SAMPLES),
-        prompt_epochs=torch.zeros(SAMPLES, dtype=torch.long),
-        weight_versions=torch.zeros(SAMPLES, dtype=torch.long),
-        loss_mask=response_mask(prompts, responses, WIDTH),
-    )
+    return rollout_batch(tokens, prompts, responses, generator)
 
 
 def gradient(trainer: GrpoTrainer, context, parameters) -> torch.Tensor:

@@ -14,18 +14,12 @@ from chaos.erl_cli import erl
 from chaos.topology import Topology
 from policies.memory import GIB
 from tests.integration.erld_support import NO_POOL
+from tests.integration.memory_worker import SMOLLM2_STEP
 from tests.processes import REPO, SMOLLM2, SPEC, run_module_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 SMOLLM2_SPEC = REPO / "examples" / "smollm2-math.yaml"
-# Four samples of 256 tokens: the estimate's score matrices and logits both weigh, and a step takes seconds.
-SMOLLM2_STEP = [
-    "rollout.max_prompt_len=224",
-    "rollout.n_samples_per_prompt=4",
-    "trainer.micro_batch_size=4",
-    "trainer.global_batch_size=16",
-]
 
 
 def ranks(tmp_path, name: str, world: int, spec, *overrides: str) -> list[dict]:
