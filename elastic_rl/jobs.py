@@ -11,6 +11,7 @@ from checkpoints.layout import committed_rollouts, version_after
 from checkpoints.rewind import rewind
 from elastic_rl import job_secret
 from elastic_rl.errors import ElasticRLError, InputError
+from elastic_rl.memory_plan import plan
 from elastic_rl.spec.engines import DEFAULT_COUNT, EnginesSpec
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.spec.loading import apply_overrides, parse_override, validate_spec
@@ -100,8 +101,6 @@ async def _check_memory(store: Store, spec: JobSpec) -> None:
     }
     if all(memory is None for memory in eligible.values()):
         return  # nothing to check against: the plan, which reads the model's config, is not even made
-    from elastic_rl.memory_plan import plan  # the toy model's vocabulary comes from transformers
-
     shortfall = slot_shortfall(plan(spec).memory.total, eligible)
     if shortfall is not None:
         raise InputError(
