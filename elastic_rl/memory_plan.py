@@ -20,6 +20,8 @@ from policies.memory import FP32_SHARDED, FP32_WHOLE, Layout, ModelShape, Precis
 
 @dataclass(frozen=True)
 class MemoryPlan:
+    """One trainer rank's memory, with the layout and micro-batch it was accounted for."""
+
     layout: Layout
     memory: RankMemory
     tokens: int
@@ -66,10 +68,10 @@ def longest_sample(spec: JobSpec) -> int:
 
 def plan(spec: JobSpec) -> MemoryPlan:
     """The fullest trainer rank of the spec's replica layout."""
-    sequence = longest_sample(spec)
-    budget = spec.trainer.max_tokens_per_micro_batch
-    tokens = max(budget, sequence) if budget is not None else spec.trainer.micro_batch_size * sequence
     trainer = spec.trainer
+    sequence = longest_sample(spec)
+    budget = trainer.max_tokens_per_micro_batch
+    tokens = max(budget, sequence) if budget is not None else trainer.micro_batch_size * sequence
     layout = Layout(tensor_parallel=trainer.tensor_parallel, data_parallel=trainer.data_parallel)
     memory = rank_memory(
         model_shape(spec_architecture(spec)),

@@ -168,18 +168,18 @@ def add_erld_commands(commands) -> None:
     add_etcd_credential_options(daemon)
     slots = daemon.add_mutually_exclusive_group()
     slots.add_argument("--cpu-devices", type=int, default=4, help="device slots this node offers (CPU nodes)")
+    slots.add_argument(
+        "--gpus",
+        metavar="all|N",
+        help="offer this node's GPUs as its device slots: all of them, or the first N (found through NVML; "
+        "only those an inherited CUDA_VISIBLE_DEVICES lists)",
+    )
     daemon.add_argument(
         "--slot-memory",
         type=float,
         metavar="GIB",
         help="CPU nodes: the memory one slot may use, in GiB; `erl submit` refuses a job whose trainer "
         "rank needs more (a GPU node's slots report their GPU's memory)",
-    )
-    slots.add_argument(
-        "--gpus",
-        metavar="all|N",
-        help="offer this node's GPUs as its device slots: all of them, or the first N (found through NVML; "
-        "only those an inherited CUDA_VISIBLE_DEVICES lists)",
     )
     daemon.add_argument("--state-dir", type=Path, default=DAEMON_STATE_DIR, help="embedded etcd data and erld state")
     daemon.add_argument("--node", help="node name, one erld per name (default: the hostname)")

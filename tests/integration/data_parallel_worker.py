@@ -1,13 +1,13 @@
 """A replica's data-parallel ranks, sharded optimizer and a snapshot across layouts, started by
 test_data_parallel.py.
 
-    python -m tests.integration.data_parallel_worker OUT_DIR   (RANK, WORLD_SIZE=2, MASTER_* set)
+    python -m tests.integration.data_parallel_worker OUT_DIR TP   (RANK, WORLD_SIZE=2 x TP, MASTER_* set)
 
-Both ranks form one replica of TP=1 x DP=2 and train the tiny model for a few GRPO steps on the same
-synthetic rollout three ways: with AdamW sharded across the two ranks, with AdamW whole on each, and
-(each rank alone) at DP=1. Then the sharded state is snapshotted and loaded into a DP=1 replica's
-state (a whole AdamW), which takes one more step beside the unsharded one. Rank 0 writes the largest
-differences, relative to each tensor's largest entry.
+The ranks form one replica of TP x DP=2 and train the tiny model for a few GRPO steps on the same
+synthetic rollout three ways: with AdamW sharded across the two data-parallel ranks, with AdamW whole on
+each, and (each tensor-parallel group alone) at DP=1. Then the sharded state is snapshotted and loaded
+into a DP=1 replica's state (a whole AdamW), which takes one more step beside the unsharded one. Each
+rank writes the largest differences of its own slices, relative to each tensor's largest entry.
 
 The quorum is ``FakeSoloQuorum``: one replica, every step committed; the real Manager's side of the
 step runs in the chaos test of a data-parallel job.
@@ -50,9 +50,12 @@ def rollout(vocab: int) -> RolloutBatch:
     return rollout_batch(torch.randint(4, vocab, (SAMPLES, WIDTH), generator=generator), prompts, responses, generator)
 
 
-def replica(data_parallel: int, shard: bool, initial: dict | None = None) -> tuple[GrpoTrainer, TrainingState]:
+def replica(
+    tensor_parallel: int, data_parallel: int, shard: bool, initial: dict | None = None
+) -> tuple[GrpoTrainer, TrainingState]:
     """A replica's trainer and state; ``initial``: its weights (each model built draws on the seeded RNG)."""
-    spec = load_spec(SPEC, [*COMMON, f"trainer.data_parallel={data_parallel}", f"trainer.shard_optimizer={shard}"])
+    layout = [f"trainer.tensor_parallel={tensor_parallel}", f"trainer.data_parallel={data_parallel}"]
+    spec = load_spec(SPEC, [*COMMON, *layout, f"trainer.shard_optimizer={shard}"])
     model = ModelSource.from_spec(spec.model).build_policy()
     if initial is not None:
         model.load_state_dict(initial)
@@ -84,15 +87,13 @@ def moments_gap(a: TrainingState, b: TrainingState) -> float:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
+    out, tp = Path(sys.argv[1]), int(sys.argv[2])
     torch.use_deterministic_algorithms(True)
-    init_model_parallel(1, seed=7)  # two ranks at TP=1: megatron's data-parallel group holds both
-    sharded, sharded_state = replica(2, shard=True)
-    initial = {
-        name: value.clone() if torch.is_tensor(value) else value for name, value in sharded.model.state_dict().items()
-    }
-    whole, whole_state = replica(2, shard=False, initial=initial)
-    alone, _ = replica(1, shard=False, initial=initial)
+    init_model_parallel(tp, seed=7)  # 2 x TP ranks: megatron's data-parallel groups hold two each
+    sharded, sharded_state = replica(tp, 2, shard=True)
+    initial = {name: v.clone() if torch.is_tensor(v) else v for name, v in sharded.model.state_dict().items()}
+    whole, whole_state = replica(tp, 2, shard=False, initial=initial)
+    alone, _ = replica(tp, 1, shard=False, initial=initial)
     batch = rollout(len(ModelSource.from_spec(sharded.spec.model).tokenizer))
     for trainer in (sharded, whole, alone):
         train(trainer, batch, range(STEPS - 1))
@@ -105,15 +106,14 @@ def main() -> None:
 
     writer = SnapshotWriter(out, async_save=False)
     writer.save(sharded_state, step=STEPS - 1, last_rollout=0, spec_hash="")
-    resumed, resumed_state = replica(1, shard=False, initial=initial)  # its weights come from the snapshot
+    resumed, resumed_state = replica(tp, 1, shard=False, initial=initial)  # its weights come from the snapshot
     load_snapshot(resumed_state, snapshot_path(out, STEPS - 1), writer.group)
     result["loaded_weights_vs_whole"] = largest_gap(resumed.model, whole.model)
     result["loaded_moments_vs_whole"] = moments_gap(resumed_state, whole_state)
     train(resumed, batch, range(STEPS - 1, STEPS))
     train(whole, batch, range(STEPS - 1, STEPS))
     result["resumed_step_vs_whole"] = largest_gap(resumed.model, whole.model)
-    if torch.distributed.get_rank() == 0:
-        (out / "result.json").write_bytes(orjson.dumps(result))
+    (out / f"result.{torch.distributed.get_rank()}.json").write_bytes(orjson.dumps(result))
 
 
 if __name__ == "__main__":
