@@ -29,8 +29,7 @@ def ranks(tmp_path, name: str, world: int, spec, *overrides: str) -> list[dict]:
 
 
 def test_the_state_is_accounted_to_the_byte_and_the_peak_is_bounded(tmp_path):
-    if not (SMOLLM2 / "config.json").is_file():
-        pytest.skip("SmolLM2 is not imported: `make models`")
+    assert (SMOLLM2 / "config.json").is_file(), f"{SMOLLM2} is missing: run `make models`"
     for result in ranks(tmp_path, "tiny-tp2", 2, SPEC, "trainer.tensor_parallel=2"):
         assert result["parameters"] == result["accounted_parameters"]
         assert result["state_bytes"] == result["accounted_state_bytes"]
