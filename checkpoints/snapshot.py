@@ -9,7 +9,9 @@ load a snapshot taken at one TP size into a model built at another. A
 replica's data-parallel ranks hold the same weights (DCP writes each once);
 with the optimizer sharded across them, each rank saves the moments of the
 parameters it owns, under those parameters' names, so a snapshot loads at
-any data-parallel size, sharded or not. Loading
+any data-parallel size, sharded or not. Pipeline stages save their layers under
+the whole model's names (``elastic_rl.layer_names``), so a snapshot also loads
+at another pipeline size. Loading
 unpickles nothing beyond DCP's own metadata types (``checkpoints.safe_reader``).
 
 Saving is asynchronous by default: a background thread copies the tensors
@@ -46,6 +48,7 @@ from checkpoints.layout import snapshot_path
 from checkpoints.manifest import verify, write_manifest
 from checkpoints.safe_reader import SafeFileSystemReader
 from elastic_rl.architecture import GATED_FC1_SUFFIX
+from elastic_rl.layer_names import whole_model_parameters
 
 log = logging.getLogger("checkpoints.snapshot")
 
@@ -87,7 +90,7 @@ def _local_entries(state: TrainingState, step: int, last_rollout: int) -> dict[s
         "meta.scheduler_epoch": (torch.tensor(state.scheduler.last_epoch), None),
         "meta.rng_cpu": (torch.get_rng_state(), None),
     }
-    for name, param in state.model.named_parameters():
+    for name, param in whole_model_parameters(state.model):
         entries.update({f"model.{k}": v for k, v in _slices(name, param, param.data).items()})
         adam = state.optimizer.state.get(param)
         if adam:

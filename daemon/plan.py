@@ -9,7 +9,7 @@ from the advertise host of the node its server runs on.
 
     services        lighthouse, router, orchestrator (one node, no device slot)
     engine-<i>      engine-<i>                  (engines.tp_size slots on one node; one for a cpu engine)
-    replica-<k>     trainer-<k>-<rank>          (trainer.tensor_parallel x data_parallel slots on one node)
+    replica-<k>     trainer-<k>-<rank>          (trainer.ranks_per_replica slots on one node)
     spare-<s>       spare-<s>-<rank>            (likewise, warm spares)
 
 Colocated (``placement: colocated``), engine-<i> takes no slot of its own: it

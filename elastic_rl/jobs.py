@@ -104,7 +104,8 @@ async def _check_memory(store: Store, spec: JobSpec) -> None:
     shortfall = slot_shortfall(plan(spec).memory.total, eligible)
     if shortfall is not None:
         raise InputError(
-            f"{spec.name}: {shortfall}. Split the model over more ranks (trainer.tensor_parallel), or "
+            f"{spec.name}: {shortfall}. Split the model over more ranks (trainer.tensor_parallel, "
+            "trainer.pipeline_parallel), or "
             "cut the activations (trainer.micro_batch_size or trainer.max_tokens_per_micro_batch, "
             "rollout.max_prompt_len); `erl plan SPEC` shows the bytes"
         )
@@ -209,7 +210,12 @@ async def resume(store: Store, job_id: str, snapshot_step: int | None = None, la
     await store.modify(keys.job_status(job_id), lambda current: {**current, **queued})
 
 
-RESHARDABLE = ("trainer.tensor_parallel", "trainer.data_parallel", "trainer.shard_optimizer")
+RESHARDABLE = (
+    "trainer.tensor_parallel",
+    "trainer.pipeline_parallel",
+    "trainer.data_parallel",
+    "trainer.shard_optimizer",
+)
 """What `erl resume --set` may change: the replica's layout, which every snapshot loads into."""
 
 

@@ -16,9 +16,22 @@ megatron-core assumes a GPU in three places that a CPU run reaches:
   The shim replaces it with ``_rotary_embedding_on_cpu``, the same computation
   left on the CPU.
 
-Nothing else is patched. ``init_model_parallel`` applies the shim to a
+Nothing else is patched for good. ``init_model_parallel`` applies the shim to a
 process on a CPU slot only (the device rule, ``policies.devices``), whether or
 not the machine has CUDA; a process on a GPU keeps megatron's CUDA paths.
+
+Pipeline parallelism reaches for CUDA in more places, each inside one megatron
+call, so ``cuda_calls_on_cpu`` redirects them only while such a call runs:
+
+- ``megatron.core.pipeline_parallel.schedules`` counts a step's tokens in
+  ``torch.zeros([], device="cuda")``;
+- ``P2PCommunicator._communicate_shapes`` and ``_communicate`` allocate the
+  shapes and tensors they receive on ``torch.cuda.current_device()`` and call
+  ``torch.cuda.synchronize()`` after a batch of sends and receives (gloo's
+  requests are complete once waited, so there is nothing to wait for);
+- ``LanguageModule.setup_embeddings_and_output_layer`` moves the last stage's
+  copy of a tied embedding to CUDA (``weight.data.cuda()``) before summing it
+  with the first stage's.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ from megatron.core import parallel_state
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.tensor_parallel import random as megatron_random
 from megatron.core.utils import GlobalMemoryBuffer
+from torch.overrides import TorchFunctionMode
 
 # Offset megatron adds to the seed of the tensor-parallel stream.
 _TENSOR_PARALLEL_SEED_OFFSET = 2718
@@ -102,3 +116,31 @@ def apply_cpu_shim(seed: int) -> None:
     megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     parallel_state._GLOBAL_MEMORY_BUFFER = CpuGlobalMemoryBuffer()
     RotaryEmbedding.get_emb = _rotary_embedding_on_cpu
+
+
+class _CudaAllocationsOnCpu(TorchFunctionMode):
+    """Tensors asked for on a CUDA device are made on the CPU; ``Tensor.cuda()`` leaves a tensor where it is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.cuda:
+            return args[0]
+        kwargs = dict(kwargs or {})
+        device = kwargs.get("device")
+        if device is not None and (isinstance(device, int) or torch.device(device).type == "cuda"):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_calls_on_cpu():
+    """While a megatron call that assumes CUDA runs on a CPU slot (see the module's list): its
+    allocations on CUDA are made on the CPU, ``torch.cuda.current_device()`` names the CPU and
+    ``torch.cuda.synchronize()`` does nothing."""
+    current_device, synchronize = torch.cuda.current_device, torch.cuda.synchronize
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda device=None: None
+    try:
+        with _CudaAllocationsOnCpu():
+            yield
+    finally:
+        torch.cuda.current_device, torch.cuda.synchronize = current_device, synchronize

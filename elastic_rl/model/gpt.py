@@ -8,6 +8,14 @@ scaling. A from-scratch model is initialised on the CPU from the full
 tensor-parallel size and on either kind of device; a pretrained one is filled
 by ``convert.hf_import``; the caller then moves it to the process's device.
 
+With pipeline parallelism (megatron's pipeline groups hold more than one rank)
+each rank builds its stage: its share of the layers, the embedding on the
+first stage, the final norm and output layer on the last (with a tied
+embedding the last stage keeps a copy, its gradient summed with the first
+stage's, ``model.pipeline``). ``build_gpt(..., whole=True)`` builds every
+layer whatever the pipeline size: a from-scratch model's stage is taken from it
+(``model.stages``), so a seed gives the same model at every layout.
+
 Each process joins its groups with the backend of the device erld assigned
 it (``elastic_rl.device``): gloo with the CPU shim on a CPU slot, NCCL on a
 GPU. In bf16 the forward pass runs under megatron's autocast (bf16 matrix
@@ -36,16 +44,16 @@ from elastic_rl.architecture import Architecture
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.device import activate, assigned
 from elastic_rl.jobenv import RENDEZVOUS
-from elastic_rl.model.cpu_shim import apply_cpu_shim
+from elastic_rl.model.cpu_shim import apply_cpu_shim, cuda_calls_on_cpu
 from policies.devices import DeviceKind, Precision, ProcessDevice
 
 
 def transformer_config(
-    arch: Architecture, tensor_parallel: int, precision: Precision = Precision.FP32
+    arch: Architecture, tensor_parallel: int, precision: Precision = Precision.FP32, pipeline_parallel: int = 1
 ) -> TransformerConfig:
     """megatron's config of ``arch``: fp32 parameters always; in bf16 the forward pass autocasts."""
     mixed = precision is Precision.BF16
-    return TransformerConfig(
+    config = TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_attention_heads,
@@ -63,6 +71,11 @@ def transformer_config(
         attention_dropout=0.0,
         init_method_std=arch.init_method_std,
         tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+        # One send or receive at a time, on gloo and NCCL alike.
+        batch_p2p_comm=False,
+        # The trainer normalises each micro-batch's loss by the global batch itself (algo.losses).
+        calculate_per_token_loss=True,
         use_cpu_initialization=True,
         # Also for a model an importer fills: megatron marks the tensor-parallel weights while it
         # initialises them, and the importer and the gather both read those marks.
@@ -80,28 +93,43 @@ def transformer_config(
         apply_rope_fusion=False,
         persist_layer_norm=False,
     )
+    # Micro-batches are cut to their longest sample and sized by a token budget, so stages tell each other
+    # every activation's shape. Set after the checks: they refuse it beside the default MoE token
+    # dispatcher, which a dense model never runs.
+    config.variable_seq_lengths = pipeline_parallel > 1
+    return config
 
 
-def build_gpt(arch: Architecture, tensor_parallel: int = 1, precision: Precision = Precision.FP32) -> GPTModel:
-    """The model on this rank, on the CPU, with random weights from the seeded RNG. Model parallelism
-    must be initialised first. The logits stay sharded over the vocabulary (see ``vocab_parallel``).
+def build_gpt(
+    arch: Architecture, tensor_parallel: int = 1, precision: Precision = Precision.FP32, whole: bool = False
+) -> GPTModel:
+    """This rank's stage of the model, on the CPU, with random weights from the seeded RNG; with
+    ``whole``, every layer. Model parallelism must be initialised first. The logits stay sharded over
+    the vocabulary (see ``vocab_parallel``).
     """
     if arch.vocab_size % tensor_parallel:
         raise ValueError(f"vocab size {arch.vocab_size} is not divisible by tensor_parallel {tensor_parallel}")
+    stages = 1 if whole else parallel_state.get_pipeline_model_parallel_world_size()
+    if arch.num_layers % stages:
+        raise ValueError(f"{arch.num_layers} layers do not divide into pipeline_parallel {stages} stages")
     scaling = arch.rope_scaling
-    model = GPTModel(
-        config=transformer_config(arch, tensor_parallel, precision),
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm),
-        vocab_size=arch.vocab_size,
-        max_sequence_length=arch.max_position_embeddings,
-        pre_process=True,
-        post_process=True,
-        parallel_output=True,
-        share_embeddings_and_output_weights=arch.tie_embeddings,
-        position_embedding_type="rope",
-        rotary_base=arch.rope_theta,
-        seq_len_interpolation_factor=scaling.factor if scaling is not None and scaling.kind == "linear" else None,
-    )
+    # A tied embedding's copy on the last stage is summed with the first stage's as the model is made, on
+    # the device of the groups' backend (gloo: CPU slots).
+    on_cpu = stages > 1 and torch.distributed.get_backend() == torch.distributed.Backend.GLOO
+    with cuda_calls_on_cpu() if on_cpu else contextlib.nullcontext():
+        model = GPTModel(
+            config=transformer_config(arch, tensor_parallel, precision, stages),
+            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm),
+            vocab_size=arch.vocab_size,
+            max_sequence_length=arch.max_position_embeddings,
+            pre_process=whole or parallel_state.is_pipeline_first_stage(),
+            post_process=whole or parallel_state.is_pipeline_last_stage(),
+            parallel_output=True,
+            share_embeddings_and_output_weights=arch.tie_embeddings,
+            position_embedding_type="rope",
+            rotary_base=arch.rope_theta,
+            seq_len_interpolation_factor=scaling.factor if scaling is not None and scaling.kind == "linear" else None,
+        )
     if scaling is not None and scaling.kind == "llama3":
         rotary = model.rotary_pos_emb
         rotary.inv_freq = rotary._apply_scaling(
@@ -120,6 +148,7 @@ def init_model_parallel(
     init_method: str | None = None,
     timeout_s: float = 300.0,
     device: ProcessDevice | None = None,
+    pipeline_parallel: int = 1,
 ) -> None:
     """Join the process group and set up megatron's groups, every collective bounded by ``timeout_s``.
 
@@ -145,7 +174,9 @@ def init_model_parallel(
             single = {"world_size": 1, "rank": 0} if init_method else {}
             torch.distributed.init_process_group(backend=backend, init_method=init_method, timeout=timeout, **single)
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tensor_parallel, distributed_timeout_minutes=timeout_s / 60
+        tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+        distributed_timeout_minutes=timeout_s / 60,
     )
     if device.kind is DeviceKind.CPU:
         apply_cpu_shim(seed)

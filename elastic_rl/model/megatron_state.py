@@ -5,7 +5,9 @@ Each rank holds slices of the tensor-parallel weights (megatron marks them with
 slices so that the result is exactly the state a TP=1 model would hold. The one
 weight whose layout depends on TP is the gated MLP's ``linear_fc1``: each rank
 stores [its gate rows; its up rows], and the full layout is [all gate; all up].
-Converters to other formats start from this canonical state.
+Converters to other formats start from this canonical state. With pipeline
+stages, each stage names its layers as the whole model does (``model.stages``)
+and the stages' states are put together on every rank.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from megatron.core import parallel_state
 
 from elastic_rl.architecture import GATED_FC1_SUFFIX
+from elastic_rl.layer_names import whole_model_parameters
 
 
 def _gather(shard: torch.Tensor, dim: int) -> list[torch.Tensor]:
@@ -27,10 +30,10 @@ def _gather(shard: torch.Tensor, dim: int) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's parameters in the TP=1 layout, in CPU memory, on every tensor-parallel rank.
+    """The model's parameters in the TP=1, PP=1 layout, in CPU memory, on every rank of the model.
     Slices are gathered on the model's device, which is the tensor-parallel group's."""
     state: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
+    for name, param in whole_model_parameters(model):
         value = param.detach()
         if not getattr(param, "tensor_model_parallel", False):
             state[name] = value.to("cpu", copy=True)
@@ -42,4 +45,12 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         else:
             full = torch.cat(shards, dim=param.partition_dim)
         state[name] = full.cpu()
-    return state
+    if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+        return state
+    stages: list[dict[str, torch.Tensor]] = [{}] * parallel_state.get_pipeline_model_parallel_world_size()
+    torch.distributed.all_gather_object(stages, state, group=parallel_state.get_pipeline_model_parallel_group())
+    whole: dict[str, torch.Tensor] = {}
+    for stage_state in stages:
+        for name, value in stage_state.items():
+            whole.setdefault(name, value)  # a tied embedding: the first stage's, not the last stage's copy
+    return whole

@@ -33,8 +33,17 @@ def sequence_log_probs(
     Only positions from ``first`` on are scored (a batch's shortest prompt: no response token comes
     earlier); the ones before are 0 and cost no logits."""
     tokens = tokens.to(model_device(model))
+    return log_probs_of_logits(
+        forward_gpt(model, tokens[:, :-1], first_logit=first - 1), tokens, temperature, first, entropy
+    )
+
+
+def log_probs_of_logits(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, first: int, entropy: Entropy
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``sequence_log_probs`` from the logits of positions ``first - 1`` on (a pipeline's last stage has them)."""
     # fp32 before the temperature: a bf16 quotient would be rounded to bf16's 8 bits of mantissa.
-    logits = forward_gpt(model, tokens[:, :-1], first_logit=first - 1).float()
+    logits = logits.float()
     if temperature > 0:
         logits = logits / temperature
     logp, shifted, log_z = log_probs_and_normaliser(logits, tokens[:, first:])

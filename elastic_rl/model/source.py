@@ -24,6 +24,7 @@ from transformers import PreTrainedTokenizerBase
 from elastic_rl.architecture import Architecture, from_hf_config
 from elastic_rl.atomic import atomic_directory
 from elastic_rl.device import assigned
+from elastic_rl.layer_names import take_stage
 from elastic_rl.model.convert.hf_export import (
     CheckpointFiles,
     PretrainedFiles,
@@ -70,7 +71,13 @@ class ModelSource:
         """The policy on this rank with its initial weights, on ``device`` (by default the one erld
         assigned this process). Model parallelism must be initialised."""
         if self.checkpoint is None:
-            model = build_gpt(self.architecture, _tp_size(), precision)
+            # The seed draws every layer in turn: with pipeline stages, a stage is taken from the whole model.
+            model = build_gpt(self.architecture, _tp_size(), precision, whole=True)
+            if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+                whole = model
+                with torch.random.fork_rng(devices=[]):  # the stage's own draws leave no trace
+                    model = build_gpt(self.architecture, _tp_size(), precision)
+                take_stage(model, whole)
         else:
             model = self._load(self.checkpoint, precision)
         return model.to(device or assigned().torch_device)

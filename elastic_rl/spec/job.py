@@ -109,13 +109,19 @@ class JobSpec(Component):
     @model_validator(mode="after")
     def _model_splits_into_tensor_parallel_ranks(self) -> JobSpec:
         """Joins model and trainer."""
-        tp = self.trainer.tensor_parallel
+        tp, pp = self.trainer.tensor_parallel, self.trainer.pipeline_parallel
         if self.model.hf_checkpoint is not None:
             policy = from_hf_config(self.model.hf_checkpoint)
             problems = policy.check_tensor_parallel(tp)
+            if policy.num_layers % pp:
+                problems.append(f"its {policy.num_layers} layers do not split into trainer.pipeline_parallel {pp}")
             if problems:
                 raise ValueError(f"model.hf_checkpoint {self.model.hf_checkpoint}: {'; '.join(problems)}")
             return self
+        if self.model.num_layers % pp:
+            raise ValueError(
+                f"model.num_layers ({self.model.num_layers}) must be a multiple of trainer.pipeline_parallel ({pp})"
+            )
         for field in ("num_query_groups", "ffn_hidden_size"):
             if getattr(self.model, field) % tp:
                 raise ValueError(
@@ -153,9 +159,10 @@ class JobSpec(Component):
                 "remove engines.count (or --set engines.count=null): colocated, the engines follow the replicas "
                 "(each replica's slots host trainer.tensor_parallel / engines.tp_size engines)"
             )
-        if self.trainer.data_parallel > 1:
+        if self.trainer.data_parallel > 1 or self.trainer.pipeline_parallel > 1:
             problems.append(
-                "set trainer.data_parallel 1: colocated replicas with data-parallel ranks are not built yet"
+                "set trainer.data_parallel and trainer.pipeline_parallel 1: colocated replicas with data-parallel "
+                "ranks or pipeline stages are not built yet"
             )
         if self.trainer.tensor_parallel % self.engines.tp_size:
             problems.append(

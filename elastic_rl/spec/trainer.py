@@ -19,11 +19,14 @@ class TrainerSpec(Component):
     the quorum at a step boundary)."""
     tensor_parallel: PositiveInt = 1
     """Tensor-parallel ranks inside one replica."""
+    pipeline_parallel: PositiveInt = 1
+    """Pipeline stages of one replica, each with an equal share of the layers (it divides the model's
+    layers), run by megatron's one-forward-one-backward schedule over each step's micro-batches."""
     data_parallel: PositiveInt = 1
     """Data-parallel ranks inside one replica, each with its share of the replica's part of every batch
-    (a replica holds tensor_parallel x data_parallel ranks, all on one node). Across replicas the
-    torchft quorum is the data parallelism that survives faults; inside one, these ranks come and go
-    together."""
+    (a replica holds tensor_parallel x pipeline_parallel x data_parallel ranks, all on one node). Across
+    replicas the torchft quorum is the data parallelism that survives faults; inside one, these ranks
+    come and go together."""
     shard_optimizer: bool = True
     """With data_parallel > 1, split AdamW's state across the replica's data-parallel ranks (each
     updates the parameters it owns and sends them to the others: torch's ZeroRedundancyOptimizer), so
@@ -64,7 +67,7 @@ class TrainerSpec(Component):
     @property
     def ranks_per_replica(self) -> int:
         """Processes, and device slots, of one replica."""
-        return self.tensor_parallel * self.data_parallel
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
 
     @model_validator(mode="after")
     def _micro_fits(self) -> TrainerSpec:

@@ -10,6 +10,10 @@ replicas or ranks took part. The same all-reduce carries each
 replica's verdict on its own shard (finite or not) and the metric sums, so
 every replica sees the same step and reaches the same NaN/Inf response
 (``policies.nan_guard``). The step is taken only if the Manager commits.
+With pipeline stages megatron's schedule runs the micro-batches
+(``model.pipeline``): the last stage scores them, and its metric sums and log
+probabilities are summed over the stages, so that every stage holds the same
+rollout state and reaches the same verdict.
 A rollout's tensors live on the model's device, so every collective runs on
 tensors of its group's device (gloo on CPU, NCCL on a GPU).
 """
@@ -28,7 +32,8 @@ from elastic_rl.algo.advantages import token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
-from elastic_rl.model.sequence_log_probs import Entropy, sequence_log_probs
+from elastic_rl.model.pipeline import ModelInput, largest_over_stages, run_micro_batches, sum_over_stages
+from elastic_rl.model.sequence_log_probs import Entropy, log_probs_of_logits
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.trainer.grad_norm import grad_norm
@@ -66,6 +71,10 @@ class MicroBatch:
     @property
     def cut(self) -> tuple[torch.Tensor, slice]:
         return self.rows, slice(0, self.width)
+
+    def model_input(self, tokens: torch.Tensor) -> ModelInput:
+        """What the model takes of the rollout's ``tokens``: the logits from its first response token's on."""
+        return ModelInput(tokens[self.cut][:, :-1], self.first_response - 1)
 
 
 def all_finite(values: torch.Tensor) -> bool:
@@ -158,6 +167,7 @@ class GrpoTrainer:
         # The replica's data-parallel ranks split its part of each step; none apart from this one at 1.
         self.data_ranks = spec.trainer.data_parallel
         self.data_rank = parallel_state.get_data_parallel_rank() if self.data_ranks > 1 else 0
+        self.first_stage = parallel_state.is_pipeline_first_stage()
 
     def _all_reduce_buffer(self, replicas: int) -> tuple[torch.Tensor, int]:
         """What one step all-reduces, in one tensor: every gradient, then the metric sums, then per replica
@@ -191,10 +201,17 @@ class GrpoTrainer:
         # Without a backward pass to keep activations for, a micro-batch of twice the size fits the
         # memory the training micro-batches were sized for, and runs faster (6.5 s against 7.1 s for
         # SmolLM2's 64 samples here).
-        for mb in self._micro_batches(batch, torch.arange(batch.size), scale=2):
-            logp[mb.cut], _ = sequence_log_probs(
-                model, batch.tokens[mb.cut], temperature, mb.first_response, Entropy.NONE
+        micro_batches = self._micro_batches(batch, torch.arange(batch.size), scale=2)
+
+        def score(index: int, logits: torch.Tensor) -> torch.Tensor:
+            mb = micro_batches[index]
+            logp[mb.cut], _ = log_probs_of_logits(
+                logits, batch.tokens[mb.cut], temperature, mb.first_response, Entropy.NONE
             )
+            return logits.new_zeros(())
+
+        run_micro_batches(model, [mb.model_input(batch.tokens) for mb in micro_batches], score, backward=False)
+        sum_over_stages(logp)  # the last stage's, on every stage
         return logp
 
     def prepare(self, rollout_id: int, batch: RolloutBatch, healed: dict[str, Any] | None = None) -> RolloutContext:
@@ -262,11 +279,14 @@ class GrpoTrainer:
         normaliser = loss_tokens(how, global_tokens, int(ctx.mask.sum().item()), steps)
         # Without an entropy bonus the entropy is a metric: no gradient for it.
         entropy = Entropy.LOSS if spec.algorithm.entropy_coef > 0 else Entropy.METRIC
-        for mb in self._micro_batches(ctx.batch, rows):
+        micro_batches = self._micro_batches(ctx.batch, rows)
+
+        def score(index: int, logits: torch.Tensor) -> torch.Tensor:
+            mb = micro_batches[index]
             cut = mb.cut
             m = ctx.mask[cut]
-            logp, ent = sequence_log_probs(
-                self.model, ctx.batch.tokens[cut], spec.rollout.temperature, mb.first_response, entropy
+            logp, ent = log_probs_of_logits(
+                logits, ctx.batch.tokens[cut], spec.rollout.temperature, mb.first_response, entropy
             )
             if measure_gap:
                 gap = ((logp.detach() - ctx.batch.engine_logprobs[cut]).abs() * m).max().item()
@@ -283,24 +303,29 @@ class GrpoTrainer:
                 m,
             )
             loss = aggregate(terms.loss, m, how, normaliser, global_samples)
-            if backward:
-                loss.backward()
             tis = terms.tis_weight
-            sums += torch.tensor(
-                [
-                    loss.item(),
-                    reduce_global(terms.pg.detach(), m, global_tokens).item(),
-                    reduce_global(ppo_kl(logp.detach(), ctx.old_logp[cut]), m, global_tokens).item(),
-                    reduce_global(ent.detach(), m, global_tokens).item(),
-                    reduce_global(terms.clipped, m, global_tokens).item(),
-                    0.0 if terms.kl is None else reduce_global(terms.kl.detach(), m, global_tokens).item(),
-                    len(mb.rows),
-                    0.0 if tis is None else reduce_global(tis, m, global_tokens).item(),
-                    0.0
-                    if tis is None
-                    else reduce_global((tis >= spec.algorithm.tis_cap).float(), m, global_tokens).item(),
-                ]
+            sums.add_(
+                torch.tensor(
+                    [
+                        loss.item(),
+                        reduce_global(terms.pg.detach(), m, global_tokens).item(),
+                        reduce_global(ppo_kl(logp.detach(), ctx.old_logp[cut]), m, global_tokens).item(),
+                        reduce_global(ent.detach(), m, global_tokens).item(),
+                        reduce_global(terms.clipped, m, global_tokens).item(),
+                        0.0 if terms.kl is None else reduce_global(terms.kl.detach(), m, global_tokens).item(),
+                        len(mb.rows),
+                        0.0 if tis is None else reduce_global(tis, m, global_tokens).item(),
+                        0.0
+                        if tis is None
+                        else reduce_global((tis >= spec.algorithm.tis_cap).float(), m, global_tokens).item(),
+                    ]
+                )
             )
+            return loss
+
+        run_micro_batches(self.model, [mb.model_input(ctx.batch.tokens) for mb in micro_batches], score, backward)
+        if measure_gap:
+            ctx.logprob_gap = largest_over_stages(ctx.logprob_gap or 0.0, self.device)
         return sums
 
     def step(self, ctx: RolloutContext, index: int) -> StepOutcome:
@@ -328,8 +353,9 @@ class GrpoTrainer:
         flat[offset : offset + len(METRIC_NAMES)] = sums.to(self.device)
         verdicts = flat[offset + len(METRIC_NAMES) :]
         verdicts[self.replica] = 0.0 if local_finite else 1.0
-        verdicts[replicas + self.replica] = rank + 1 if self.data_rank == 0 else 0.0
-        self._sum_in_replica(flat)
+        verdicts[replicas + self.replica] = rank + 1 if self.data_rank == 0 and self.first_stage else 0.0
+        sum_over_stages(flat[offset:])  # the last stage's metric sums; every stage's verdict
+        self._sum_over_data_ranks(flat)
         self.manager.allreduce(flat, reduce_op=torch.distributed.ReduceOp.SUM).wait()
         sums = flat[offset : offset + len(METRIC_NAMES)]
 
@@ -371,7 +397,7 @@ class GrpoTrainer:
         """This data-parallel rank's rows of its replica's ``shard``."""
         return shard.tensor_split(self.data_ranks)[self.data_rank]
 
-    def _sum_in_replica(self, tensor: torch.Tensor) -> None:
+    def _sum_over_data_ranks(self, tensor: torch.Tensor) -> None:
         if self.data_ranks > 1:
             torch.distributed.all_reduce(tensor, group=parallel_state.get_data_parallel_group())
 
@@ -388,12 +414,14 @@ class GrpoTrainer:
         replicas = self.spec.trainer.replicas.max
 
         def finite_on(shard_owner: int) -> float:
-            """Every data-parallel rank of this replica reruns its part; finite only if all of them are."""
+            """Every data-parallel rank of this replica reruns its part; finite only if all of them are (as
+            the last stage of each scores it)."""
             shard = shards[int(verdicts[replicas + shard_owner].item()) - 1]
             part = self._data_rank_part(shard)
             sums = self._shard_loss(ctx, part, global_tokens, self.spec.trainer.global_batch_size, backward=False)
             nonfinite = torch.tensor([0.0 if bool(sums.isfinite().all()) else 1.0], device=self.device)
-            self._sum_in_replica(nonfinite)
+            sum_over_stages(nonfinite)
+            self._sum_over_data_ranks(nonfinite)
             return 1.0 if nonfinite.item() == 0 else 0.0
 
         rerun = torch.zeros(replicas, device=self.device)

@@ -1,4 +1,4 @@
-"""One rank of one trainer replica (tensor- times data-parallel), stepping through the training protocol by name.
+"""One rank of one trainer replica (tensor x pipeline x data-parallel), stepping through the training protocol by name.
 
 It builds the Megatron model on the device erld assigned it (the device
 rule: a GPU, or a CPU slot; ``elastic_rl.device``) and joins the job's torchft
@@ -119,6 +119,7 @@ class TrainerReplica:
             spec.seed,
             timeout_s=spec.fault_tolerance.model_parallel_timeout_s,
             device=self.compute,
+            pipeline_parallel=spec.trainer.pipeline_parallel,
         )
         self.rank = torch.distributed.get_rank()
         self.source = ModelSource.from_spec(spec.model)

@@ -1,6 +1,6 @@
 """Pretrained checkpoints in megatron: SmolLM2-135M-Instruct and small random Llama, Qwen2 and Qwen3
 models that transformers builds here. Import then export is bitwise the identity, and megatron's logits
-match transformers' at every tensor-parallel size the model allows."""
+match transformers' at every tensor-parallel size the model allows, and in two pipeline stages."""
 
 from __future__ import annotations
 
@@ -79,35 +79,37 @@ def make_checkpoints(root: Path) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def exported(checkpoints, tmp_path_factory) -> dict[tuple[str, int], Path]:
-    """(model, TP) -> the worker's output: the exported checkpoint and megatron's logits.
+def exported(checkpoints, tmp_path_factory) -> dict[tuple[str, int, int], Path]:
+    """(model, TP, PP) -> the worker's output: the exported checkpoint and megatron's logits.
 
     SmolLM2 has 3 key/value heads, so it splits at TP=3, not TP=2.
     """
-    runs = {1: list(checkpoints), 2: list(RANDOM_MODELS), 3: ["smollm2"]}
+    runs = {(1, 1): list(checkpoints), (2, 1): list(RANDOM_MODELS), (3, 1): ["smollm2"], (1, 2): list(RANDOM_MODELS)}
     outputs = {}
-    for tp, names in runs.items():
-        out = tmp_path_factory.mktemp(f"tp{tp}")
-        run_module_ranks("tests.integration.pretrained_worker", tp, out, *(checkpoints[n] for n in names))
-        outputs.update({(name, tp): out / checkpoints[name].name for name in names})
+    for (tp, pp), names in runs.items():
+        out = tmp_path_factory.mktemp(f"tp{tp}-pp{pp}")
+        run_module_ranks("tests.integration.pretrained_worker", tp * pp, out, pp, *(checkpoints[n] for n in names))
+        outputs.update({(name, tp, pp): out / checkpoints[name].name for name in names})
     return outputs
 
 
-CASES = [("smollm2", 1), ("smollm2", 3)] + [(name, tp) for name in RANDOM_MODELS for tp in (1, 2)]
+CASES = [("smollm2", 1, 1), ("smollm2", 3, 1)] + [
+    (name, tp, pp) for name in RANDOM_MODELS for tp, pp in ((1, 1), (2, 1), (1, 2))
+]
 
 
-@pytest.mark.parametrize("name, tp", CASES)
-def test_import_then_export_is_bitwise_the_identity(checkpoints, exported, name, tp):
+@pytest.mark.parametrize("name, tp, pp", CASES)
+def test_import_then_export_is_bitwise_the_identity(checkpoints, exported, name, tp, pp):
     original = load_file(str(checkpoints[name] / "model.safetensors"))
-    back = load_file(str(exported[name, tp] / "hf" / "model.safetensors"))
+    back = load_file(str(exported[name, tp, pp] / "hf" / "model.safetensors"))
     assert sorted(back) == sorted(original)
     for tensor_name, tensor in original.items():
         assert torch.equal(back[tensor_name], tensor.float()), tensor_name
 
 
-@pytest.mark.parametrize("name, tp", CASES)
-def test_megatron_logits_match_transformers(checkpoints, exported, name, tp):
-    saved = torch.load(exported[name, tp] / "logits.pt", weights_only=True)
+@pytest.mark.parametrize("name, tp, pp", CASES)
+def test_megatron_logits_match_transformers(checkpoints, exported, name, tp, pp):
+    saved = torch.load(exported[name, tp, pp] / "logits.pt", weights_only=True)
     hf = AutoModelForCausalLM.from_pretrained(str(checkpoints[name]), dtype=torch.float32).eval()
     with torch.no_grad():
         expected = hf(saved["tokens"]).logits
@@ -116,7 +118,7 @@ def test_megatron_logits_match_transformers(checkpoints, exported, name, tp):
 
 
 def test_the_export_is_a_checkpoint_of_the_same_family(checkpoints, exported):
-    hf = AutoModelForCausalLM.from_pretrained(str(exported["qwen3", 2] / "hf"), dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(str(exported["qwen3", 2, 1] / "hf"), dtype=torch.float32)
     assert type(hf).__name__ == "Qwen3ForCausalLM"
-    folder = exported["smollm2", 3] / "hf"
+    folder = exported["smollm2", 3, 1] / "hf"
     assert {"tokenizer.json", "chat_template.jinja", "generation_config.json"} <= {p.name for p in folder.iterdir()}

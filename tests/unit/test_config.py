@@ -342,8 +342,8 @@ def test_the_toy_answer_has_toy_digits_and_must_fit_in_max_new_tokens():
 @pytest.mark.parametrize(
     "overrides, recorded",
     [
-        ([], "de073f5553e1588d"),
-        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "8a036eaeab06267a"),
+        ([], "c41bcc01a9b564bb"),
+        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "45fe780eb152ce30"),
     ],
 )
 def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
@@ -354,6 +354,7 @@ def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
     # continue_inflight and inflight_persist_interval_s did, fault_tolerance.below_min_grace_s did, and
     # rollout.reward_model, rollout_function and max_rollout_function_failures did, and
     # algorithm.advantage_std_epsilon and use_rollout_logprobs did, and placement and
-    # fault_tolerance.handover_timeout_s did, and trainer.data_parallel and shard_optimizer did.
+    # fault_tolerance.handover_timeout_s did, and trainer.data_parallel and shard_optimizer did, and
+    # trainer.pipeline_parallel did.
     # A fixed trainer.replicas or engines.count is written as a number, as before they could be ranges.
     assert spec_hash(load_spec(SPEC, overrides)) == recorded

@@ -113,17 +113,23 @@ def test_a_weight_broadcast_over_nccl_puts_the_trainers_on_gpus(sglang_installed
     assert all(g.cuda_only for g in job_groups(spec) if g.kind in (GroupKind.REPLICA, GroupKind.ENGINE))
 
 
-def test_a_replica_holds_a_slot_for_every_tensor_and_data_parallel_rank():
-    spec = validate_spec(
-        {"name": "j", "trainer": {"replicas": 2, "tensor_parallel": 2, "data_parallel": 3}, "engines": {"count": 1}}
-    )
+def test_a_replica_holds_a_slot_for_every_tensor_pipeline_and_data_parallel_rank():
+    trainer = {"replicas": 2, "tensor_parallel": 2, "pipeline_parallel": 2, "data_parallel": 3}
+    spec = validate_spec({"name": "j", "trainer": trainer, "engines": {"count": 1}})
     replicas = [group for group in job_groups(spec) if group.kind is GroupKind.REPLICA]
-    assert [group.slots for group in replicas] == [6, 6]
-    assert spec.devices_needed == 1 + 2 * 6
-    env = env_of("trainer-1-5", {"device": 5}, spec, DeviceKind.CPU)
-    assert env["RANK"] == "5" and env["WORLD_SIZE"] == "6"
+    assert [group.slots for group in replicas] == [12, 12]
+    assert spec.devices_needed == 1 + 2 * 12
+    env = env_of("trainer-1-11", {"device": 11}, spec, DeviceKind.CPU)
+    assert env["RANK"] == "11" and env["WORLD_SIZE"] == "12"
 
 
-def test_colocated_replicas_with_data_parallel_ranks_are_refused():
-    with pytest.raises(SpecError, match="trainer.data_parallel"):
-        validate_spec({"name": "j", "placement": "colocated", "trainer": {"data_parallel": 2}})
+@pytest.mark.parametrize("field", ["data_parallel", "pipeline_parallel"])
+def test_colocated_replicas_with_data_parallel_ranks_or_stages_are_refused(field):
+    with pytest.raises(SpecError, match=f"trainer.{field}"):
+        validate_spec({"name": "j", "placement": "colocated", "trainer": {field: 2}})
+
+
+def test_pipeline_stages_must_split_the_layers_evenly():
+    with pytest.raises(SpecError, match=r"model.num_layers \(3\) must be a multiple of trainer.pipeline_parallel"):
+        validate_spec({"name": "j", "model": {"num_layers": 3}, "trainer": {"pipeline_parallel": 2}})
+    assert validate_spec({"name": "j", "model": {"num_layers": 4}, "trainer": {"pipeline_parallel": 4}})

@@ -4,9 +4,11 @@ Each rank reads only its own slices of the checkpoint's safetensors files
 (``safe_open`` and ``get_slice``): rows of the column-parallel weights
 (q/k/v by whole key/value groups, gate and up by the same rows), columns of the
 row-parallel ones, vocabulary rows of the embedding and output layer, and the
-norms whole. Every megatron parameter must be filled and every tensor of the
-checkpoint used, so a checkpoint that does not fit the architecture is an
-error, never a half-loaded model.
+norms whole. A pipeline stage reads its own layers (by the whole model's
+numbers, ``elastic_rl.layer_names``), and with a tied embedding the last stage
+reads the embedding for its copy. Every megatron parameter must be filled and,
+by a whole model, every tensor of the checkpoint used, so a checkpoint that
+does not fit the architecture is an error, never a half-loaded model.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from safetensors import safe_open
 
 from elastic_rl.architecture import Architecture
+from elastic_rl.layer_names import whole_model_parameters
 from elastic_rl.model.convert.layout import HF_OUTPUT, fused_qkv, gated_fc1, one_to_one, query_groups
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -107,10 +110,10 @@ def stored_as_float32(folder: Path) -> bool:
 
 @torch.no_grad()
 def import_hf_weights(model: torch.nn.Module, arch: Architecture, folder: Path, rank: int, tp: int) -> None:
-    """Fill ``model`` (this rank's megatron shards) from the HF checkpoint in ``folder``."""
+    """Fill ``model`` (this rank's megatron shards of its stage) from the HF checkpoint in ``folder``."""
     reader = SafetensorsReader(folder)
     plain, qkv, fc1 = one_to_one(arch), fused_qkv(arch), gated_fc1(arch)
-    for name, param in model.named_parameters():
+    for name, param in whole_model_parameters(model):
         if name in plain:
             value = _sharded(reader, plain[name], param, rank)
         elif name in qkv:
@@ -128,6 +131,8 @@ def import_hf_weights(model: torch.nn.Module, arch: Architecture, folder: Path, 
                 f"{folder}: {name} has shape {tuple(value.shape)} here, megatron expects {tuple(param.shape)}"
             )
         param.copy_(value)
+    if len(model.decoder.layers) < arch.num_layers:
+        return  # one stage of several: the other stages read the rest
     ignored = {HF_OUTPUT} if arch.tie_embeddings else set()
     unused = sorted(name for name in set(reader.files) - reader.read - ignored if not name.endswith(IGNORED_SUFFIXES))
     if unused:

@@ -17,8 +17,8 @@ exporter both read these tables, so the two directions cannot drift apart.
 from __future__ import annotations
 
 from elastic_rl.architecture import Architecture
+from elastic_rl.layer_names import EMBEDDING
 
-EMBEDDING = "embedding.word_embeddings.weight"
 OUTPUT = "output_layer.weight"
 HF_EMBEDDING = "model.embed_tokens.weight"
 HF_OUTPUT = "lm_head.weight"

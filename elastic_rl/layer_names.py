@@ -1,0 +1,60 @@
+"""A pipeline stage's parameters under the names the whole model gives them.
+
+Below the model package, so that snapshots (``checkpoints``) name what they
+save as the model does.
+
+megatron numbers a stage's layers from 0 (``decoder.layers.0`` on every stage),
+and each layer knows its place in the whole model (``layer_number``, counted
+from 1). The canonical state, exports and comparisons across layouts name
+layers as the whole model does. With a tied embedding the last stage holds a
+copy of the first stage's embedding as its output layer (megatron marks it
+``shared``), which goes by the embedding's name: the two stages sum their
+gradients of it and step it alike, so it always holds the embedding's values.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+EMBEDDING = "embedding.word_embeddings.weight"
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
+def layer_offset(model: torch.nn.Module) -> int:
+    """How many layers of the whole model come before this stage's first."""
+    layers = model.decoder.layers
+    return layers[0].layer_number - 1 if len(layers) else 0
+
+
+def whole_model_name(name: str, offset: int) -> str:
+    """A stage's parameter name as the whole model names it."""
+    return _LAYER.sub(lambda match: f"decoder.layers.{int(match.group(1)) + offset}.", name)
+
+
+def is_tied_copy(param: torch.nn.Parameter) -> bool:
+    """The last stage's copy of a tied embedding."""
+    return getattr(param, "shared", False)
+
+
+def whole_model_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """This stage's parameters under the whole model's names; a tied embedding's copy under the
+    embedding's, whose values it always holds."""
+    offset = layer_offset(model)
+    return [
+        (EMBEDDING if is_tied_copy(param) else whole_model_name(name, offset), param)
+        for name, param in model.named_parameters()
+    ]
+
+
+@torch.no_grad()
+def take_stage(stage: torch.nn.Module, whole: torch.nn.Module) -> None:
+    """Fill ``stage`` from ``whole``, this rank's model with every layer (at the same tensor-parallel rank)."""
+    source = dict(whole.named_parameters())
+    offset = layer_offset(stage)
+    for name, param in stage.named_parameters():
+        if is_tied_copy(param):
+            param.copy_(whole.shared_embedding_or_output_weight())
+        else:
+            param.copy_(source[whole_model_name(name, offset)])

@@ -1,0 +1,104 @@
+"""Runs a step's micro-batches through the policy: on one stage in turn, or through megatron's pipeline schedule.
+
+The trainer gives each micro-batch's input and a ``score``, which turns the
+micro-batch's logits into its loss (and keeps what else it needs of them: log
+probabilities, metric sums). On one stage each micro-batch's backward pass
+follows its forward pass. With pipeline stages, megatron-core's own schedule
+runs them (``get_forward_backward_func``: one forward, one backward, the
+activations and their gradients sent between stages), ``score`` runs on the
+last stage only, and a tied embedding's two copies, on the first and last
+stage, have their gradients summed afterwards (megatron does that in
+``finalize_model_grads`` for its DDP wrapper, which the trainer does not use).
+On a CPU slot the schedule runs inside ``cpu_shim.cuda_calls_on_cpu``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from elastic_rl.model.cpu_shim import cuda_calls_on_cpu
+from elastic_rl.model.gpt import forward_gpt, model_device
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """One micro-batch as the model takes it."""
+
+    tokens: torch.Tensor
+    """[batch, seq]: the sequences without their last token."""
+    first_logit: int
+    """The first position whose logits are wanted."""
+
+
+Score = Callable[[int, torch.Tensor], torch.Tensor]
+"""(micro-batch index, its logits ``[batch, seq - first_logit, vocab/tp]``) -> its loss."""
+
+
+def stages() -> int:
+    return parallel_state.get_pipeline_model_parallel_world_size()
+
+
+def run_micro_batches(model: torch.nn.Module, inputs: list[ModelInput], score: Score, backward: bool) -> None:
+    """Every micro-batch forward (and, with ``backward``, backward: gradients add up in ``.grad``)."""
+    if stages() == 1:
+        for index, item in enumerate(inputs):
+            loss = score(index, forward_gpt(model, item.tokens, item.first_logit))
+            if backward:
+                loss.backward()
+        return
+    last = parallel_state.is_pipeline_last_stage()
+
+    def forward_step(numbered, stage):
+        index, item = next(numbered)
+        # Only the last stage's output is logits; the others pass on every position's activations.
+        output = forward_gpt(stage, item.tokens, item.first_logit if last else 0)
+        return output, functools.partial(scored, index)
+
+    def scored(index, logits):
+        # (loss, tokens, reported): the loss is normalised by the trainer; megatron only counts the tokens.
+        return score(index, logits), torch.tensor(1, dtype=torch.int), {}
+
+    schedule = get_forward_backward_func()
+    on_cpu = model_device(model).type == "cpu"
+    with cuda_calls_on_cpu() if on_cpu else contextlib.nullcontext():
+        schedule(
+            forward_step_func=forward_step,
+            data_iterator=iter(enumerate(inputs)),
+            model=model,
+            num_microbatches=len(inputs),
+            # The stages send each activation's shape ahead of it (variable_seq_lengths); these are bounds.
+            seq_length=max(item.tokens.shape[1] for item in inputs),
+            micro_batch_size=max(item.tokens.shape[0] for item in inputs),
+            forward_only=not backward,
+        )
+    if backward:
+        _sum_tied_embedding_gradients(model)
+
+
+def _sum_tied_embedding_gradients(model: torch.nn.Module) -> None:
+    if model.share_embeddings_and_output_weights and parallel_state.is_rank_in_embedding_group():
+        weight = model.shared_embedding_or_output_weight()
+        torch.distributed.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
+
+def largest_over_stages(value: float, device: torch.device) -> float:
+    """The largest of each stage's ``value`` (the last stage's, where only it measured one)."""
+    if stages() == 1:
+        return value
+    largest = torch.tensor([value], device=device)
+    group = parallel_state.get_pipeline_model_parallel_group()
+    torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX, group=group)
+    return largest.item()
+
+
+def sum_over_stages(tensor: torch.Tensor) -> None:
+    """Sum ``tensor`` over this rank's pipeline stages (what only the last stage computed, or every stage's count)."""
+    if stages() > 1:
+        torch.distributed.all_reduce(tensor, group=parallel_state.get_pipeline_model_parallel_group())
