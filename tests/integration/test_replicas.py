@@ -105,11 +105,12 @@ def test_killing_a_tensor_parallel_replica_loses_no_step(daemon, tmp_path):
     check_a_replica_kill(daemon, tmp_path, replicas=2, tensor_parallel=2, rollouts=6, comes_back=False)
 
 
+@pytest.mark.chaos  # make test kills a rank of a TP=2 replica (above) and trains DP=2 ranks (test_data_parallel)
 @pytest.mark.timeout(300)
 def test_a_rank_of_a_data_parallel_replica_killed_loses_no_step(daemon, tmp_path):
     """Two replicas of two data-parallel ranks with AdamW sharded across them, a rank of replica 1
     killed: the survivor trains alone, and every rollout is trained once with its whole batch (the
-    weights against a single-rank layout's: in `make chaos`, below)."""
+    weights against a single-rank layout's: below)."""
     victim = "trainer-1-1"
     assert run_job(daemon, tmp_path, replica_job(2, rollouts=6, data_parallel=2), [(victim, 2)]) == [victim]
     spec = read_spec(tmp_path)
