@@ -8,8 +8,11 @@ transformers or torch, so `erl validate` can reject an unsupported checkpoint
 in well under a second. It sits below the spec and the model, which both read it.
 
 Supported families: ``LlamaForCausalLM`` (tied embeddings and rope scaling of
-type linear or llama3 included), ``Qwen2ForCausalLM`` (q/k/v bias) and
-``Qwen3ForCausalLM`` (per-head q/k RMSNorm).
+type linear or llama3 included), ``Qwen2ForCausalLM`` (q/k/v bias),
+``Qwen3ForCausalLM`` (per-head q/k RMSNorm), and two mixture-of-experts
+families, ``Qwen3MoeForCausalLM`` (Qwen3's attention, every layer's MLP a set
+of experts) and ``MixtralForCausalLM`` (Llama's attention, likewise), whose
+experts are imported, exported and served, not yet trained.
 """
 
 from __future__ import annotations
@@ -23,12 +26,19 @@ import orjson
 from elastic_rl.errors import SpecError
 
 CONFIG_FILE = "config.json"
-# The gated MLP's input projection: the one weight whose layout depends on tensor parallelism (each
-# rank holds [its gate rows; its up rows]; the full layout is [all gate; all up]).
-GATED_FC1_SUFFIX = "mlp.linear_fc1.weight"
+# A gated MLP's input projection (the dense MLP's, or an expert's): the one weight whose layout depends
+# on tensor parallelism (each rank holds [its gate rows; its up rows]; the full layout is [all gate; all up]).
+GATED_FC1_SUFFIX = "linear_fc1.weight"
 
 # HF class name -> family name; the families the importer and exporter know.
-FAMILIES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+FAMILIES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
+}
+MIXTURE_OF_EXPERTS = ("qwen3_moe", "mixtral")
 # Rope scalings that only change the inverse frequencies (no attention factor, no length dependence).
 ROPE_SCALINGS = ("linear", "llama3")
 
@@ -41,6 +51,19 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts MLP: each token goes to its ``per_token`` highest-scoring experts."""
+
+    count: int
+    per_token: int
+    ffn_hidden_size: int
+    """Inner width of each expert's SwiGLU MLP."""
+    renormalised: bool
+    """The chosen experts' weights are a softmax over their own scores (Mixtral; Qwen3-MoE's
+    ``norm_topk_prob``); otherwise each keeps its share of the softmax over every expert."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +84,8 @@ class Architecture:
     qk_norm: bool = False
     rope_scaling: RopeScaling | None = None
     init_method_std: float = 0.02
+    experts: Experts | None = None
+    """Every layer's MLP a mixture of experts; None: a dense MLP of ffn_hidden_size."""
 
     @property
     def hf_class(self) -> str:
@@ -69,10 +94,14 @@ class Architecture:
     def check_tensor_parallel(self, tensor_parallel: int) -> list[str]:
         """What stops this model from being split into ``tensor_parallel`` ranks (empty if nothing)."""
         problems = []
+        if self.experts is not None and tensor_parallel > 1:
+            # megatron's expert dispatch gathers tokens across the TP ranks on CUDA (not shimmed on CPU).
+            problems.append(f"a mixture of experts runs at trainer.tensor_parallel 1 (not {tensor_parallel}) for now")
+        ffn = ("moe_intermediate_size", self.experts.ffn_hidden_size) if self.experts else None
         for what, value in (
             ("num_query_groups (key/value heads)", self.num_query_groups),
             ("vocab_size", self.vocab_size),
-            ("ffn_hidden_size", self.ffn_hidden_size),
+            ffn or ("ffn_hidden_size", self.ffn_hidden_size),
         ):
             if value % tensor_parallel:
                 problems.append(f"{what} ({value}) is not a multiple of trainer.tensor_parallel ({tensor_parallel})")
@@ -134,8 +163,10 @@ def from_hf_config(folder: Path) -> Architecture:
         problems.append("mlp_bias")
     if family != "qwen2" and config.get("attention_bias"):
         problems.append("attention_bias (a bias on the output projection too)")
-    if config.get("use_sliding_window"):
-        problems.append("use_sliding_window")
+    if config.get("use_sliding_window") or (family == "mixtral" and config.get("sliding_window")):
+        problems.append("a sliding attention window")
+    if family == "qwen3_moe" and (config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1)) != 1):
+        problems.append("dense MLP layers among the experts' (mlp_only_layers, decoder_sparse_step)")
     if problems:
         raise SpecError([f"{where}: {family} with {', '.join(problems)} is not supported"])
     heads = int(config["num_attention_heads"])
@@ -155,7 +186,19 @@ def from_hf_config(folder: Path) -> Architecture:
         norm_epsilon=float(config.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=family == "qwen2",
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "qwen3_moe"),
         rope_scaling=scaling,
         init_method_std=float(config.get("initializer_range", 0.02)),
+        experts=_experts(config, family),
+    )
+
+
+def _experts(config: dict[str, Any], family: str) -> Experts | None:
+    if family not in MIXTURE_OF_EXPERTS:
+        return None
+    return Experts(
+        count=int(config.get("num_local_experts") or config["num_experts"]),
+        per_token=int(config["num_experts_per_tok"]),
+        ffn_hidden_size=int(config.get("moe_intermediate_size") or config["intermediate_size"]),
+        renormalised=family == "mixtral" or bool(config.get("norm_topk_prob", False)),
     )

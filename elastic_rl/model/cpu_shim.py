@@ -1,6 +1,6 @@
 """Lets megatron-core run on machines without CUDA.
 
-megatron-core assumes a GPU in three places that a CPU run reaches:
+megatron-core assumes a GPU in four places that a CPU run reaches:
 
 - ``megatron.core.tensor_parallel.random.get_cuda_rng_tracker``: the tracker that
   forks named RNG streams for dropout and initialisation stores CUDA generator
@@ -15,6 +15,10 @@ megatron-core assumes a GPU in three places that a CPU run reaches:
   moves the inverse frequencies to ``torch.cuda.current_device()`` on first use.
   The shim replaces it with ``_rotary_embedding_on_cpu``, the same computation
   left on the CPU.
+- ``megatron.core.transformer.moe.router.Router.gating`` (a mixture-of-experts
+  model's router) moves the router's weight to ``torch.cuda.current_device()``
+  on every call. The shim replaces it with ``_router_gating_on_cpu``, the same
+  gating left on the CPU.
 
 Nothing else is patched for good. ``init_model_parallel`` applies the shim to a
 process on a CPU slot only (the device rule, ``policies.devices``), whether or
@@ -44,6 +48,8 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.tensor_parallel import random as megatron_random
+from megatron.core.transformer.moe.moe_utils import router_gating_linear
+from megatron.core.transformer.moe.router import Router
 from megatron.core.utils import GlobalMemoryBuffer
 from torch.overrides import TorchFunctionMode
 
@@ -99,8 +105,13 @@ def _rotary_embedding_on_cpu(self: RotaryEmbedding, max_seq_len: int, offset: in
     return emb[:, None, None, :]
 
 
+def _router_gating_on_cpu(self: Router, input: torch.Tensor) -> torch.Tensor:
+    router_dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype, input.dtype)
+    return router_gating_linear(input, self.weight, self.bias, router_dtype)
+
+
 def apply_cpu_shim(seed: int) -> None:
-    """Seed megatron's RNG streams as CPU generator states and patch the three CUDA uses.
+    """Seed megatron's RNG streams as CPU generator states and patch the four CUDA uses.
 
     Call after ``parallel_state.initialize_model_parallel`` and before building
     the model.
@@ -116,6 +127,7 @@ def apply_cpu_shim(seed: int) -> None:
     megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     parallel_state._GLOBAL_MEMORY_BUFFER = CpuGlobalMemoryBuffer()
     RotaryEmbedding.get_emb = _rotary_embedding_on_cpu
+    Router.gating = _router_gating_on_cpu
 
 
 class _CudaAllocationsOnCpu(TorchFunctionMode):

@@ -38,6 +38,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.moe import moe_utils
 from torch.distributed import TCPStore
 
 from elastic_rl.architecture import Architecture
@@ -54,6 +55,7 @@ def transformer_config(
     """megatron's config of ``arch``: fp32 parameters always; in bf16 the forward pass autocasts."""
     mixed = precision is Precision.BF16
     config = TransformerConfig(
+        **_experts_config(arch),
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_attention_heads,
@@ -100,6 +102,26 @@ def transformer_config(
     return config
 
 
+def _experts_config(arch: Architecture) -> dict:
+    """megatron's mixture-of-experts settings for ``arch`` (none for a dense model)."""
+    if arch.experts is None:
+        return {}
+    return {
+        "num_moe_experts": arch.experts.count,
+        "moe_router_topk": arch.experts.per_token,
+        "moe_ffn_hidden_size": arch.experts.ffn_hidden_size,
+        # megatron's default takes the top k scores, then a softmax over them (renormalised); its
+        # pre-softmax takes each chosen expert's share of the softmax over all of them.
+        "moe_router_pre_softmax": not arch.experts.renormalised,
+        # Each expert its own MLP, its tokens gathered from every rank: the dispatcher megatron runs
+        # without CUDA streams, and the experts without grouped GEMM kernels.
+        "moe_token_dispatcher_type": "allgather",
+        "moe_grouped_gemm": False,
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+    }
+
+
 def build_gpt(
     arch: Architecture, tensor_parallel: int = 1, precision: Precision = Precision.FP32, whole: bool = False
 ) -> GPTModel:
@@ -109,6 +131,10 @@ def build_gpt(
     """
     if arch.vocab_size % tensor_parallel:
         raise ValueError(f"vocab size {arch.vocab_size} is not divisible by tensor_parallel {tensor_parallel}")
+    if arch.experts is not None and not hasattr(moe_utils, "te_general_gemm"):
+        # megatron's router picks Transformer Engine's GEMM with `te_general_gemm is not None`, a name
+        # it defines only when Transformer Engine imports (on any device): None takes its torch path.
+        moe_utils.te_general_gemm = None
     stages = 1 if whole else parallel_state.get_pipeline_model_parallel_world_size()
     if arch.num_layers % stages:
         raise ValueError(f"{arch.num_layers} layers do not divide into pipeline_parallel {stages} stages")
@@ -119,7 +145,12 @@ def build_gpt(
     with cuda_calls_on_cpu() if on_cpu else contextlib.nullcontext():
         model = GPTModel(
             config=transformer_config(arch, tensor_parallel, precision, stages),
-            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm),
+            transformer_layer_spec=get_gpt_layer_local_spec(
+                num_experts=arch.experts.count if arch.experts else None,
+                moe_grouped_gemm=False,
+                normalization="RMSNorm",
+                qk_layernorm=arch.qk_norm,
+            ),
             vocab_size=arch.vocab_size,
             max_sequence_length=arch.max_position_embeddings,
             pre_process=whole or parallel_state.is_pipeline_first_stage(),

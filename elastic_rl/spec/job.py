@@ -115,6 +115,11 @@ class JobSpec(Component):
             problems = policy.check_tensor_parallel(tp)
             if policy.num_layers % pp:
                 problems.append(f"its {policy.num_layers} layers do not split into trainer.pipeline_parallel {pp}")
+            if policy.experts is not None:
+                problems.append(
+                    f"{policy.hf_class} is a mixture of experts, which elastic-rl imports, exports and serves "
+                    "but does not train yet; give a dense checkpoint"
+                )
             if problems:
                 raise ValueError(f"model.hf_checkpoint {self.model.hf_checkpoint}: {'; '.join(problems)}")
             return self

@@ -1,6 +1,7 @@
-"""Pretrained checkpoints in megatron: SmolLM2-135M-Instruct and small random Llama, Qwen2 and Qwen3
-models that transformers builds here. Import then export is bitwise the identity, and megatron's logits
-match transformers' at every tensor-parallel size the model allows, and in two pipeline stages."""
+"""Pretrained checkpoints in megatron: SmolLM2-135M-Instruct and small random Llama, Qwen2, Qwen3,
+Qwen3-MoE and Mixtral models that transformers builds here. Import then export is bitwise the
+identity, and megatron's logits match transformers' at every tensor-parallel size the model allows,
+and in two pipeline stages."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MixtralConfig,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 from elastic_rl.model.tokenizer import as_transformers, build_tokenizer
 from tests.processes import SMOLLM2, run_module_ranks
@@ -52,7 +60,15 @@ RANDOM_MODELS = {
     "qwen2-tied": Qwen2Config(**SMALL, tie_word_embeddings=True),
     # A head_dim that is not hidden / heads, as in the real Qwen3 models.
     "qwen3": Qwen3Config(**SMALL, head_dim=32, tie_word_embeddings=False),
+    # Mixtures of experts: each chosen expert keeps its share of the softmax over all of them (Qwen3-MoE's
+    # norm_topk_prob off), or the chosen ones' scores are renormalised (Mixtral, and Qwen3-30B-A3B).
+    "qwen3-moe": Qwen3MoeConfig(
+        **SMALL, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False
+    ),
+    "mixtral": MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2),
 }
+# Mixtures of experts run at TP=1 (architecture.Architecture.check_tensor_parallel).
+DENSE = ["llama-rope-scaled", "qwen2-tied", "qwen3"]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +100,7 @@ def exported(checkpoints, tmp_path_factory) -> dict[tuple[str, int, int], Path]:
 
     SmolLM2 has 3 key/value heads, so it splits at TP=3, not TP=2.
     """
-    runs = {(1, 1): list(checkpoints), (2, 1): list(RANDOM_MODELS), (3, 1): ["smollm2"], (1, 2): list(RANDOM_MODELS)}
+    runs = {(1, 1): list(checkpoints), (2, 1): DENSE, (3, 1): ["smollm2"], (1, 2): list(RANDOM_MODELS)}
     outputs = {}
     for (tp, pp), names in runs.items():
         out = tmp_path_factory.mktemp(f"tp{tp}-pp{pp}")
@@ -94,7 +110,7 @@ def exported(checkpoints, tmp_path_factory) -> dict[tuple[str, int, int], Path]:
 
 
 CASES = [("smollm2", 1, 1), ("smollm2", 3, 1)] + [
-    (name, tp, pp) for name in RANDOM_MODELS for tp, pp in ((1, 1), (2, 1), (1, 2))
+    (name, tp, pp) for name in RANDOM_MODELS for tp, pp in ((1, 1), (2, 1), (1, 2)) if tp == 1 or name in DENSE
 ]
 
 
@@ -118,7 +134,8 @@ def test_megatron_logits_match_transformers(checkpoints, exported, name, tp, pp)
 
 
 def test_the_export_is_a_checkpoint_of_the_same_family(checkpoints, exported):
-    hf = AutoModelForCausalLM.from_pretrained(str(exported["qwen3", 2, 1] / "hf"), dtype=torch.float32)
-    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    for name, family, tp in (("qwen3", "Qwen3", 2), ("qwen3-moe", "Qwen3Moe", 1), ("mixtral", "Mixtral", 1)):
+        hf = AutoModelForCausalLM.from_pretrained(str(exported[name, tp, 1] / "hf"), dtype=torch.float32)
+        assert type(hf).__name__ == f"{family}ForCausalLM"
     folder = exported["smollm2", 3, 1] / "hf"
     assert {"tokenizer.json", "chat_template.jinja", "generation_config.json"} <= {p.name for p in folder.iterdir()}

@@ -216,6 +216,12 @@ def test_a_checkpoint_gives_the_architecture_and_forbids_the_toy_fields(tmp_path
         ({"architectures": ["MistralForCausalLM"]}, "architecture 'MistralForCausalLM' is not supported"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn' is not supported"),
         ({"mlp_bias": True}, "mlp_bias"),
+        ({"architectures": ["Qwen3MoeForCausalLM"], "mlp_only_layers": [1]}, "dense MLP layers among the experts'"),
+        (
+            {"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2},
+            "MixtralForCausalLM is a mixture of experts, which elastic-rl imports, exports and serves but does not "
+            "train yet",
+        ),
     ],
 )
 def test_an_unsupported_checkpoint_is_named(tmp_path, config, message):

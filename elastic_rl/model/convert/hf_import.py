@@ -43,10 +43,14 @@ class SafetensorsReader:
                     self.files.update({name: file for name in handle.keys()})
         if not self.files:
             raise FileNotFoundError(f"{folder}: no safetensors weights")
+        self.folder = folder
         self._handles: dict[Path, object] = {}
         self.read: set[str] = set()
 
     def _slice(self, name: str):
+        if name not in self.files:
+            # e.g. a mixture of experts stored fused (experts.gate_up_proj) rather than expert by expert
+            raise ValueError(f"{self.folder}: no tensor {name}, which the architecture needs")
         file = self.files[name]
         if file not in self._handles:
             self._handles[file] = safe_open(str(file), framework="pt")

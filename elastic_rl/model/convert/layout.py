@@ -10,11 +10,19 @@ has no separate output layer. Two mappings are not one to one:
   ``q_proj``, ``k_proj`` and ``v_proj`` apart (biases alike).
 - the gated MLP: ``linear_fc1`` is [gate; up]; HF has ``gate_proj`` and ``up_proj``.
 
+In a mixture-of-experts family each expert is such an MLP
+(``mlp.experts.local_experts.<e>``), and ``mlp.router`` scores them. HF names
+them per family: Qwen3-MoE ``mlp.experts.<e>.{gate,up,down}_proj`` and
+``mlp.gate``, Mixtral ``block_sparse_moe.experts.<e>.{w1,w3,w2}`` and
+``block_sparse_moe.gate`` (the per-expert keys transformers 5 writes on save).
+
 ``one_to_one`` lists the plain pairs, layer by layer; the importer and the
 exporter both read these tables, so the two directions cannot drift apart.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from elastic_rl.architecture import Architecture
 from elastic_rl.layer_names import EMBEDDING
@@ -22,6 +30,25 @@ from elastic_rl.layer_names import EMBEDDING
 OUTPUT = "output_layer.weight"
 HF_EMBEDDING = "model.embed_tokens.weight"
 HF_OUTPUT = "lm_head.weight"
+
+
+@dataclass(frozen=True)
+class HfExperts:
+    """Where a mixture-of-experts family keeps its router and experts in an HF checkpoint."""
+
+    block: str
+    """The layer's MoE block: the router is ``<block>.gate``, expert e is ``<block>.experts.<e>``."""
+    projections: dict[str, str]
+    """gate, up and down -> the family's name for that projection."""
+
+    def weight(self, hf_layer_prefix: str, expert: int, projection: str) -> str:
+        return f"{hf_layer_prefix}{self.block}.experts.{expert}.{self.projections[projection]}.weight"
+
+
+HF_EXPERTS = {
+    "qwen3_moe": HfExperts("mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+    "mixtral": HfExperts("block_sparse_moe", {"gate": "w1", "up": "w3", "down": "w2"}),
+}
 
 
 def megatron_layer(layer: int) -> str:
@@ -42,7 +69,13 @@ def one_to_one(arch: Architecture) -> dict[str, str]:
         pairs[src + "input_layernorm.weight"] = dst + "input_layernorm.weight"
         pairs[src + "self_attention.linear_proj.weight"] = dst + "self_attn.o_proj.weight"
         pairs[src + "pre_mlp_layernorm.weight"] = dst + "post_attention_layernorm.weight"
-        pairs[src + "mlp.linear_fc2.weight"] = dst + "mlp.down_proj.weight"
+        if arch.experts is None:
+            pairs[src + "mlp.linear_fc2.weight"] = dst + "mlp.down_proj.weight"
+        else:
+            hf_moe = HF_EXPERTS[arch.family]
+            pairs[src + "mlp.router.weight"] = f"{dst}{hf_moe.block}.gate.weight"
+            for expert in range(arch.experts.count):
+                pairs[f"{src}mlp.experts.local_experts.{expert}.linear_fc2.weight"] = hf_moe.weight(dst, expert, "down")
         if arch.qk_norm:
             pairs[src + "self_attention.q_layernorm.weight"] = dst + "self_attn.q_norm.weight"
             pairs[src + "self_attention.k_layernorm.weight"] = dst + "self_attn.k_norm.weight"
@@ -63,13 +96,23 @@ def fused_qkv(arch: Architecture) -> dict[str, tuple[str, str, str]]:
 
 
 def gated_fc1(arch: Architecture) -> dict[str, tuple[str, str]]:
-    """Megatron ``linear_fc1`` -> the HF gate and up projections it stacks."""
+    """Megatron ``linear_fc1`` (the MLP's, or each expert's) -> the HF gate and up projections it stacks."""
+    if arch.experts is None:
+        return {
+            f"{megatron_layer(layer)}mlp.linear_fc1.weight": (
+                f"{hf_layer(layer)}mlp.gate_proj.weight",
+                f"{hf_layer(layer)}mlp.up_proj.weight",
+            )
+            for layer in range(arch.num_layers)
+        }
+    hf_moe = HF_EXPERTS[arch.family]
     return {
-        f"{megatron_layer(layer)}mlp.linear_fc1.weight": (
-            f"{hf_layer(layer)}mlp.gate_proj.weight",
-            f"{hf_layer(layer)}mlp.up_proj.weight",
+        f"{megatron_layer(layer)}mlp.experts.local_experts.{expert}.linear_fc1.weight": (
+            hf_moe.weight(hf_layer(layer), expert, "gate"),
+            hf_moe.weight(hf_layer(layer), expert, "up"),
         )
         for layer in range(arch.num_layers)
+        for expert in range(arch.experts.count)
     }
 
 
