@@ -31,6 +31,7 @@ class MemoryPlan:
 
 
 def model_shape(architecture: Architecture) -> ModelShape:
+    experts = architecture.experts
     return ModelShape(
         vocab_size=architecture.vocab_size,
         hidden_size=architecture.hidden_size,
@@ -38,10 +39,12 @@ def model_shape(architecture: Architecture) -> ModelShape:
         num_attention_heads=architecture.num_attention_heads,
         num_query_groups=architecture.num_query_groups,
         head_dim=architecture.head_dim,
-        ffn_hidden_size=architecture.ffn_hidden_size,
+        ffn_hidden_size=experts.ffn_hidden_size if experts else architecture.ffn_hidden_size,
         tie_embeddings=architecture.tie_embeddings,
         qkv_bias=architecture.qkv_bias,
         qk_norm=architecture.qk_norm,
+        experts=experts.count if experts else 0,
+        experts_per_token=experts.per_token if experts else 0,
     )
 
 

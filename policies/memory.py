@@ -54,9 +54,13 @@ class ModelShape:
     num_query_groups: int
     head_dim: int
     ffn_hidden_size: int
+    """The MLP's inner width; in a mixture of experts, each expert's."""
     tie_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
+    experts: int = 0
+    """A mixture of experts' MLPs per layer (and its router's outputs); 0: one dense MLP."""
+    experts_per_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,15 +139,17 @@ def layer_parameters(shape: ModelShape, tensor_parallel: int) -> int:
     hidden, head_dim = shape.hidden_size, shape.head_dim
     qkv_rows = (shape.num_attention_heads + 2 * shape.num_query_groups) * head_dim
     attention_width = shape.num_attention_heads * head_dim
+    mlps = max(shape.experts, 1)
     split = (
         qkv_rows * hidden  # linear_qkv, column-parallel
         + (qkv_rows if shape.qkv_bias else 0)
         + hidden * attention_width  # linear_proj, row-parallel
-        + 2 * shape.ffn_hidden_size * hidden  # linear_fc1 (gate and up), column-parallel
-        + hidden * shape.ffn_hidden_size  # linear_fc2, row-parallel
+        + mlps * 2 * shape.ffn_hidden_size * hidden  # each MLP's linear_fc1 (gate and up), column-parallel
+        + mlps * hidden * shape.ffn_hidden_size  # linear_fc2, row-parallel
     ) // tensor_parallel
     replicated = 2 * hidden + (2 * head_dim if shape.qk_norm else 0)  # input and pre-MLP norms, q/k norms
-    return split + replicated
+    router = hidden * shape.experts
+    return split + replicated + router
 
 
 def stage_parameters(shape: ModelShape, layout: Layout) -> list[int]:
@@ -177,7 +183,7 @@ def activation_bytes(
     per_token_layer = (
         HIDDEN_COPIES * shape.hidden_size
         + QKV_COPIES * qkv // tp
-        + FFN_COPIES * shape.ffn_hidden_size // tp
+        + FFN_COPIES * max(shape.experts_per_token, 1) * shape.ffn_hidden_size // tp
         + ATTENTION_MATRICES * shape.num_attention_heads // tp * sequence
     )
     stages = layout.pipeline_parallel

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from elastic_rl.engines.decoders import BatchedDecoder, Decoder, InvariantDecoder, SoloDecoder, invariant_floor
 from elastic_rl.engines.sampling import InvalidRequest, SamplingParams, choose_next_token, position_generator
@@ -125,6 +125,11 @@ class CpuEngine:
     def _decoder(self, deterministic: bool, pad: int) -> Decoder:
         if not deterministic:
             return BatchedDecoder(self.model, pad)
+        if _is_mixture_of_experts(self.model):
+            # Each expert multiplies the rows routed to it, as many as the other rows leave it: only a
+            # row at a time keeps a sequence's bits its own.
+            log.info("a mixture of experts: deterministic mode decodes one sequence at a time")
+            return SoloDecoder(self.model)
         floor = invariant_floor(self.model, self.max_batch_size)
         if floor is not None:
             return InvariantDecoder(self.model, floor, self.max_batch_size)
@@ -283,8 +288,14 @@ class CpuEngine:
 
     async def _load_weights(self, model_path: Path, files: list[Path]) -> None:
         state: dict[str, torch.Tensor] = {}
-        for file in files:
-            state.update(await asyncio.to_thread(load_file, str(file)))
+        if _is_mixture_of_experts(self.model):
+            # transformers holds a mixture's experts fused in memory and writes them expert by expert;
+            # its loader converts one to the other.
+            loaded = await asyncio.to_thread(AutoModelForCausalLM.from_pretrained, str(model_path), dtype=torch.float32)
+            state = loaded.state_dict()
+        else:
+            for file in files:
+                state.update(await asyncio.to_thread(load_file, str(file)))
         try:
             # A checkpoint with tied embeddings stores no lm_head: it is the embedding.
             self.model.load_state_dict(state, strict=not self.model.config.tie_word_embeddings)
@@ -430,3 +441,7 @@ def _return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass  # not glibc: the pages go back when the allocator decides
+
+
+def _is_mixture_of_experts(model: PreTrainedModel) -> bool:
+    return bool(getattr(model.config, "num_local_experts", None) or getattr(model.config, "num_experts", None))

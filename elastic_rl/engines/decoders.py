@@ -17,8 +17,10 @@ returns the next-token logits of some of them:
   so a sequence's tokens and log probabilities do not depend on what else is
   being served, nor on whether its prefix was prefilled or decoded. The floor
   is found when the decoder is made (``invariant_floor``).
-- ``SoloDecoder``: deterministic inference where that check fails: each
-  sequence its own forward passes, one token at a time.
+- ``SoloDecoder``: deterministic inference where that check fails, or for
+  a mixture of experts (an expert multiplies only the rows routed to it, so
+  the floor cannot hold): each sequence its own forward passes, one token at
+  a time.
 
 A sequence is its token ids so far (prompt and output); the last one, just
 sampled, is not in the cache yet. Weights changing invalidates every cache

@@ -50,12 +50,17 @@ from policies.devices import DeviceKind, Precision, ProcessDevice
 
 
 def transformer_config(
-    arch: Architecture, tensor_parallel: int, precision: Precision = Precision.FP32, pipeline_parallel: int = 1
+    arch: Architecture,
+    tensor_parallel: int,
+    precision: Precision = Precision.FP32,
+    pipeline_parallel: int = 1,
+    aux_loss_coef: float = 0.0,
 ) -> TransformerConfig:
-    """megatron's config of ``arch``: fp32 parameters always; in bf16 the forward pass autocasts."""
+    """megatron's config of ``arch``: fp32 parameters always; in bf16 the forward pass autocasts.
+    ``aux_loss_coef``: a mixture of experts' load-balancing loss (``trainer.moe_aux_loss_coef``)."""
     mixed = precision is Precision.BF16
     config = TransformerConfig(
-        **_experts_config(arch),
+        **_experts_config(arch, aux_loss_coef),
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_attention_heads,
@@ -102,7 +107,7 @@ def transformer_config(
     return config
 
 
-def _experts_config(arch: Architecture) -> dict:
+def _experts_config(arch: Architecture, aux_loss_coef: float) -> dict:
     """megatron's mixture-of-experts settings for ``arch`` (none for a dense model)."""
     if arch.experts is None:
         return {}
@@ -117,13 +122,17 @@ def _experts_config(arch: Architecture) -> dict:
         # without CUDA streams, and the experts without grouped GEMM kernels.
         "moe_token_dispatcher_type": "allgather",
         "moe_grouped_gemm": False,
-        "moe_router_load_balancing_type": "none",
-        "moe_aux_loss_coeff": 0.0,
+        "moe_router_load_balancing_type": "aux_loss" if aux_loss_coef > 0 else "none",
+        "moe_aux_loss_coeff": aux_loss_coef,
     }
 
 
 def build_gpt(
-    arch: Architecture, tensor_parallel: int = 1, precision: Precision = Precision.FP32, whole: bool = False
+    arch: Architecture,
+    tensor_parallel: int = 1,
+    precision: Precision = Precision.FP32,
+    whole: bool = False,
+    aux_loss_coef: float = 0.0,
 ) -> GPTModel:
     """This rank's stage of the model, on the CPU, with random weights from the seeded RNG; with
     ``whole``, every layer. Model parallelism must be initialised first. The logits stay sharded over
@@ -144,7 +153,7 @@ def build_gpt(
     on_cpu = stages > 1 and torch.distributed.get_backend() == torch.distributed.Backend.GLOO
     with cuda_calls_on_cpu() if on_cpu else contextlib.nullcontext():
         model = GPTModel(
-            config=transformer_config(arch, tensor_parallel, precision, stages),
+            config=transformer_config(arch, tensor_parallel, precision, stages, aux_loss_coef),
             transformer_layer_spec=get_gpt_layer_local_spec(
                 num_experts=arch.experts.count if arch.experts else None,
                 moe_grouped_gemm=False,

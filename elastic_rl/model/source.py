@@ -58,28 +58,32 @@ class ModelSource:
         arch = spec.toy_architecture(padded_vocab_size(tokenizer))
         return cls(arch, tokenizer, ToyFiles(arch, tokenizer), None)
 
-    def _load(self, checkpoint: Path, precision: Precision) -> torch.nn.Module:
-        model = build_gpt(self.architecture, _tp_size(), precision)
+    def _load(self, checkpoint: Path, precision: Precision, aux_loss_coef: float = 0.0) -> torch.nn.Module:
+        model = build_gpt(self.architecture, _tp_size(), precision, aux_loss_coef=aux_loss_coef)
         import_hf_weights(
             model, self.architecture, checkpoint, parallel_state.get_tensor_model_parallel_rank(), _tp_size()
         )
         return model
 
     def build_policy(
-        self, precision: Precision = Precision.FP32, device: torch.device | str | None = None
+        self,
+        precision: Precision = Precision.FP32,
+        device: torch.device | str | None = None,
+        aux_loss_coef: float = 0.0,
     ) -> torch.nn.Module:
         """The policy on this rank with its initial weights, on ``device`` (by default the one erld
-        assigned this process). Model parallelism must be initialised."""
+        assigned this process). Model parallelism must be initialised. ``aux_loss_coef``: a mixture of
+        experts' load-balancing loss in training (``trainer.moe_aux_loss_coef``)."""
         if self.checkpoint is None:
             # The seed draws every layer in turn: with pipeline stages, a stage is taken from the whole model.
-            model = build_gpt(self.architecture, _tp_size(), precision, whole=True)
+            model = build_gpt(self.architecture, _tp_size(), precision, whole=True, aux_loss_coef=aux_loss_coef)
             if parallel_state.get_pipeline_model_parallel_world_size() > 1:
                 whole = model
                 with torch.random.fork_rng(devices=[]):  # the stage's own draws leave no trace
-                    model = build_gpt(self.architecture, _tp_size(), precision)
+                    model = build_gpt(self.architecture, _tp_size(), precision, aux_loss_coef=aux_loss_coef)
                 take_stage(model, whole)
         else:
-            model = self._load(self.checkpoint, precision)
+            model = self._load(self.checkpoint, precision, aux_loss_coef)
         return model.to(device or assigned().torch_device)
 
     def build_reference(

@@ -115,10 +115,12 @@ class JobSpec(Component):
             problems = policy.check_tensor_parallel(tp)
             if policy.num_layers % pp:
                 problems.append(f"its {policy.num_layers} layers do not split into trainer.pipeline_parallel {pp}")
-            if policy.experts is not None:
+            if policy.experts is None and self.trainer.moe_aux_loss_coef > 0:
+                problems.append("trainer.moe_aux_loss_coef applies to a mixture of experts only: set it to 0")
+            if policy.experts is not None and self.trainer.moe_aux_loss_coef > 0 and pp > 1:
                 problems.append(
-                    f"{policy.hf_class} is a mixture of experts, which elastic-rl imports, exports and serves "
-                    "but does not train yet; give a dense checkpoint"
+                    "trainer.moe_aux_loss_coef in pipeline stages is not built: "
+                    "set it to 0, or trainer.pipeline_parallel to 1"
                 )
             if problems:
                 raise ValueError(f"model.hf_checkpoint {self.model.hf_checkpoint}: {'; '.join(problems)}")
@@ -127,6 +129,8 @@ class JobSpec(Component):
             raise ValueError(
                 f"model.num_layers ({self.model.num_layers}) must be a multiple of trainer.pipeline_parallel ({pp})"
             )
+        if self.trainer.moe_aux_loss_coef > 0:
+            raise ValueError("trainer.moe_aux_loss_coef applies to a mixture of experts only: set it to 0")
         for field in ("num_query_groups", "ffn_hidden_size"):
             if getattr(self.model, field) % tp:
                 raise ValueError(

@@ -55,6 +55,10 @@ class TrainerSpec(Component):
     """AdamW beta2."""
     clip_grad: PositiveFloat = 1.0
     """Global gradient-norm clip."""
+    moe_aux_loss_coef: float = Field(0.0, ge=0.0)
+    """A mixture-of-experts model only: weight of megatron's load-balancing loss, which pushes each
+    layer's router to spread the tokens evenly over its experts (0: none; Qwen3-MoE and Mixtral were
+    trained with 0.001 and 0.02). Its gradient is the mean over a step's micro-batches."""
     cpu_threads: PositiveInt = 1
     """Torch threads of each trainer rank on a CPU node. More is faster where cores are free (in
     sync mode the engines idle while the trainers train); runs compared bit for bit need the same."""

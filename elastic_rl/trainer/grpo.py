@@ -26,12 +26,14 @@ from typing import Any
 
 import torch
 from megatron.core import parallel_state
+from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
 from checkpoints.rollout_log import RolloutBatch
 from elastic_rl.algo.advantages import token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
+from elastic_rl.model.expert_load import ExpertLoad
 from elastic_rl.model.pipeline import ModelInput, largest_over_stages, run_micro_batches, sum_over_stages
 from elastic_rl.model.sequence_log_probs import Entropy, log_probs_of_logits
 from elastic_rl.spec.algorithm import AlgorithmKind
@@ -168,6 +170,7 @@ class GrpoTrainer:
         self.data_ranks = spec.trainer.data_parallel
         self.data_rank = parallel_state.get_data_parallel_rank() if self.data_ranks > 1 else 0
         self.first_stage = parallel_state.is_pipeline_first_stage()
+        self.expert_load = ExpertLoad.of(model)  # a mixture of experts' routers; None for a dense model
 
     def _all_reduce_buffer(self, replicas: int) -> tuple[torch.Tensor, int]:
         """What one step all-reduces, in one tensor: every gradient, then the metric sums, then per replica
@@ -323,7 +326,13 @@ class GrpoTrainer:
             )
             return loss
 
-        run_micro_batches(self.model, [mb.model_input(ctx.batch.tokens) for mb in micro_batches], score, backward)
+        inputs = [mb.model_input(ctx.batch.tokens) for mb in micro_batches]
+        if self.expert_load is None or not backward:
+            run_micro_batches(self.model, inputs, score, backward)
+        else:
+            self._scale_aux_loss(len(micro_batches))
+            with self.expert_load.counting():
+                run_micro_batches(self.model, inputs, score, backward)
         if measure_gap:
             ctx.logprob_gap = largest_over_stages(ctx.logprob_gap or 0.0, self.device)
         return sums
@@ -393,6 +402,12 @@ class GrpoTrainer:
             self.consecutive_skips += 1
         return StepOutcome(committed, decision, leader=rank == 0)
 
+    def _scale_aux_loss(self, micro_batches: int) -> None:
+        """A mixture of experts' load-balancing loss: each of this rank's micro-batches weighs
+        1/micro_batches of its gradient, and the step's ranks are averaged (the step sums them)."""
+        ranks = self.manager.num_participants() * self.data_ranks
+        MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0 / (micro_batches * ranks), device=self.device))
+
     def _data_rank_part(self, shard: torch.Tensor) -> torch.Tensor:
         """This data-parallel rank's rows of its replica's ``shard``."""
         return shard.tensor_split(self.data_ranks)[self.data_rank]
@@ -452,6 +467,8 @@ class GrpoTrainer:
             result["train/ref_logprob_abs_diff_max"] = ctx.ref_gap
         # The snapshot gate's cost is the rollout's total, not a per-step mean.
         result["train/snapshot_gate_time"] = sum(ctx.metrics.values.get("snapshot_gate_time", []))
+        if self.expert_load is not None:
+            result.update(self.expert_load.take_metrics())
         result["train/lr"] = self.scheduler.get_last_lr()[0]
         result["train/rollout_train_time"] = time.monotonic() - ctx.started
         result["train/prepare_time"] = ctx.prepare_time

@@ -124,7 +124,7 @@ class TrainerReplica:
         self.rank = torch.distributed.get_rank()
         self.source = ModelSource.from_spec(spec.model)
         where = self.compute.torch_device
-        self.model = self.source.build_policy(precision, where)
+        self.model = self.source.build_policy(precision, where, spec.trainer.moe_aux_loss_coef)
         self.reference = None
         if spec.algorithm.kl_coef > 0:
             # Taken before any snapshot or heal: a restarted replica builds the same reference.

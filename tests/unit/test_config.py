@@ -217,17 +217,27 @@ def test_a_checkpoint_gives_the_architecture_and_forbids_the_toy_fields(tmp_path
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn' is not supported"),
         ({"mlp_bias": True}, "mlp_bias"),
         ({"architectures": ["Qwen3MoeForCausalLM"], "mlp_only_layers": [1]}, "dense MLP layers among the experts'"),
-        (
-            {"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2},
-            "MixtralForCausalLM is a mixture of experts, which elastic-rl imports, exports and serves but does not "
-            "train yet",
-        ),
     ],
 )
 def test_an_unsupported_checkpoint_is_named(tmp_path, config, message):
     checkpoint = hf_checkpoint(tmp_path / "ckpt", **config)
     with pytest.raises(SpecError, match=message):
         validate_spec({"name": "j", "model": {"hf_checkpoint": str(checkpoint)}})
+
+
+def test_a_mixture_of_experts_trains_at_tp1_and_only_it_takes_a_load_balancing_loss(tmp_path):
+    moe = {"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2}
+    mixture = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "moe", **moe))}
+    spec = validate_spec({"name": "j", "model": mixture, "trainer": {"moe_aux_loss_coef": 0.01}})
+    assert spec.trainer.moe_aux_loss_coef == 0.01
+    with pytest.raises(SpecError, match="a mixture of experts runs at trainer.tensor_parallel 1"):
+        validate_spec({"name": "j", "model": mixture, "trainer": {"tensor_parallel": 2}})
+    with pytest.raises(SpecError, match="trainer.moe_aux_loss_coef in pipeline stages is not built"):
+        validate_spec({"name": "j", "model": mixture, "trainer": {"moe_aux_loss_coef": 0.01, "pipeline_parallel": 2}})
+    dense = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "dense"))}
+    for model in (dense, {}):  # a dense checkpoint, and the toy model
+        with pytest.raises(SpecError, match="trainer.moe_aux_loss_coef applies to a mixture of experts only"):
+            validate_spec({"name": "j", "model": model, "trainer": {"moe_aux_loss_coef": 0.01}})
 
 
 def test_a_missing_checkpoint_is_named(tmp_path):
@@ -348,8 +358,8 @@ def test_the_toy_answer_has_toy_digits_and_must_fit_in_max_new_tokens():
 @pytest.mark.parametrize(
     "overrides, recorded",
     [
-        ([], "c41bcc01a9b564bb"),
-        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "45fe780eb152ce30"),
+        ([], "706db5ddbe83bc63"),
+        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "0310c70e9d6c5a2c"),
     ],
 )
 def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
@@ -361,6 +371,6 @@ def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
     # rollout.reward_model, rollout_function and max_rollout_function_failures did, and
     # algorithm.advantage_std_epsilon and use_rollout_logprobs did, and placement and
     # fault_tolerance.handover_timeout_s did, and trainer.data_parallel and shard_optimizer did, and
-    # trainer.pipeline_parallel did.
+    # trainer.pipeline_parallel did, and trainer.moe_aux_loss_coef did.
     # A fixed trainer.replicas or engines.count is written as a number, as before they could be ranges.
     assert spec_hash(load_spec(SPEC, overrides)) == recorded

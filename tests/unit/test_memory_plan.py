@@ -43,6 +43,22 @@ def test_a_known_model_is_counted_to_the_parameter():
     assert sum(stage_parameters(LLAMA_8B, Layout())) == 8_030_261_248
 
 
+def test_a_mixture_of_experts_is_counted_to_the_parameter():
+    qwen3_30b_a3b = ModelShape(
+        vocab_size=151_936,
+        hidden_size=2048,
+        num_layers=48,
+        num_attention_heads=32,
+        num_query_groups=4,
+        head_dim=128,
+        ffn_hidden_size=768,
+        qk_norm=True,
+        experts=128,
+        experts_per_token=8,
+    )
+    assert sum(stage_parameters(qwen3_30b_a3b, Layout())) == 30_532_122_624
+
+
 def test_tensor_parallel_ranks_split_the_matrices_and_each_keep_the_norms():
     whole, half = layer_parameters(SMALL, 1), layer_parameters(SMALL, 2)
     norms = 2 * SMALL.hidden_size
