@@ -94,9 +94,6 @@ class Architecture:
     def check_tensor_parallel(self, tensor_parallel: int) -> list[str]:
         """What stops this model from being split into ``tensor_parallel`` ranks (empty if nothing)."""
         problems = []
-        if self.experts is not None and tensor_parallel > 1:
-            # megatron's expert dispatch gathers tokens across the TP ranks on CUDA (not shimmed on CPU).
-            problems.append(f"a mixture of experts runs at trainer.tensor_parallel 1 (not {tensor_parallel}) for now")
         ffn = ("moe_intermediate_size", self.experts.ffn_hidden_size) if self.experts else None
         for what, value in (
             ("num_query_groups (key/value heads)", self.num_query_groups),

@@ -1,6 +1,6 @@
 """Lets megatron-core run on machines without CUDA.
 
-megatron-core assumes a GPU in four places that a CPU run reaches:
+megatron-core assumes a GPU in five places that a CPU run reaches:
 
 - ``megatron.core.tensor_parallel.random.get_cuda_rng_tracker``: the tracker that
   forks named RNG streams for dropout and initialisation stores CUDA generator
@@ -19,6 +19,11 @@ megatron-core assumes a GPU in four places that a CPU run reaches:
   model's router) moves the router's weight to ``torch.cuda.current_device()``
   on every call. The shim replaces it with ``_router_gating_on_cpu``, the same
   gating left on the CPU.
+- ``megatron.core.tensor_parallel.mappings``: the gathers and scatters a
+  mixture of experts' token dispatcher runs across tensor-parallel ranks
+  allocate their outputs on ``torch.cuda.current_device()``. The shim gives
+  that module ``_TorchOnCpu`` for its ``torch``: the same torch, whose
+  ``cuda.current_device()`` names the CPU.
 
 Nothing else is patched for good. ``init_model_parallel`` applies the shim to a
 process on a CPU slot only (the device rule, ``policies.devices``), whether or
@@ -42,11 +47,13 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import types
 from functools import reduce
 
 import torch
 from megatron.core import parallel_state
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.tensor_parallel import mappings as tensor_parallel_mappings
 from megatron.core.tensor_parallel import random as megatron_random
 from megatron.core.transformer.moe.moe_utils import router_gating_linear
 from megatron.core.transformer.moe.router import Router
@@ -110,8 +117,28 @@ def _router_gating_on_cpu(self: Router, input: torch.Tensor) -> torch.Tensor:
     return router_gating_linear(input, self.weight, self.bias, router_dtype)
 
 
+class _CudaOnCpu(types.SimpleNamespace):
+    """``torch.cuda`` as ``_TorchOnCpu`` shows it: the current device is the CPU."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def current_device() -> str:
+        return "cpu"
+
+
+class _TorchOnCpu(types.ModuleType):
+    """torch, but for its ``cuda`` (``_CudaOnCpu``)."""
+
+    cuda = _CudaOnCpu()
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+
 def apply_cpu_shim(seed: int) -> None:
-    """Seed megatron's RNG streams as CPU generator states and patch the four CUDA uses.
+    """Seed megatron's RNG streams as CPU generator states and patch the five CUDA uses.
 
     Call after ``parallel_state.initialize_model_parallel`` and before building
     the model.
@@ -128,6 +155,7 @@ def apply_cpu_shim(seed: int) -> None:
     parallel_state._GLOBAL_MEMORY_BUFFER = CpuGlobalMemoryBuffer()
     RotaryEmbedding.get_emb = _rotary_embedding_on_cpu
     Router.gating = _router_gating_on_cpu
+    tensor_parallel_mappings.torch = _TorchOnCpu("torch")
 
 
 class _CudaAllocationsOnCpu(TorchFunctionMode):

@@ -115,6 +115,9 @@ class JobSpec(Component):
             problems = policy.check_tensor_parallel(tp)
             if policy.num_layers % pp:
                 problems.append(f"its {policy.num_layers} layers do not split into trainer.pipeline_parallel {pp}")
+            if policy.experts is not None and tp > 1:
+                # megatron's MoE layer refuses to train at TP > 1 without sequence parallelism, not built here.
+                problems.append(f"a mixture of experts trains at trainer.tensor_parallel 1 (not {tp})")
             if policy.experts is None and self.trainer.moe_aux_loss_coef > 0:
                 problems.append("trainer.moe_aux_loss_coef applies to a mixture of experts only: set it to 0")
             if policy.experts is not None and self.trainer.moe_aux_loss_coef > 0 and pp > 1:
