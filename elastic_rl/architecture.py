@@ -11,8 +11,7 @@ Supported families: ``LlamaForCausalLM`` (tied embeddings and rope scaling of
 type linear or llama3 included), ``Qwen2ForCausalLM`` (q/k/v bias),
 ``Qwen3ForCausalLM`` (per-head q/k RMSNorm), and two mixture-of-experts
 families, ``Qwen3MoeForCausalLM`` (Qwen3's attention, every layer's MLP a set
-of experts) and ``MixtralForCausalLM`` (Llama's attention, likewise), whose
-experts are imported, exported and served, not yet trained.
+of experts) and ``MixtralForCausalLM`` (Llama's attention, likewise).
 """
 
 from __future__ import annotations
