@@ -117,7 +117,7 @@ def _router_gating_on_cpu(self: Router, input: torch.Tensor) -> torch.Tensor:
     return router_gating_linear(input, self.weight, self.bias, router_dtype)
 
 
-class _CudaOnCpu(types.SimpleNamespace):
+class _CudaOnCpu:
     """``torch.cuda`` as ``_TorchOnCpu`` shows it: the current device is the CPU."""
 
     def __getattr__(self, name: str):
@@ -161,7 +161,7 @@ def apply_cpu_shim(seed: int) -> None:
 class _CudaAllocationsOnCpu(TorchFunctionMode):
     """Tensors asked for on a CUDA device are made on the CPU; ``Tensor.cuda()`` leaves a tensor where it is."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, arg_types, args=(), kwargs=None):
         if func is torch.Tensor.cuda:
             return args[0]
         kwargs = dict(kwargs or {})
