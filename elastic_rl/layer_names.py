@@ -52,9 +52,5 @@ def whole_model_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.P
 def take_stage(stage: torch.nn.Module, whole: torch.nn.Module) -> None:
     """Fill ``stage`` from ``whole``, this rank's model with every layer (at the same tensor-parallel rank)."""
     source = dict(whole.named_parameters())
-    offset = layer_offset(stage)
-    for name, param in stage.named_parameters():
-        if is_tied_copy(param):
-            param.copy_(whole.shared_embedding_or_output_weight())
-        else:
-            param.copy_(source[whole_model_name(name, offset)])
+    for name, param in whole_model_parameters(stage):
+        param.copy_(source[name])

@@ -16,7 +16,7 @@ import torch
 from megatron.core import parallel_state
 
 from elastic_rl.architecture import GATED_FC1_SUFFIX
-from elastic_rl.layer_names import whole_model_parameters
+from elastic_rl.layer_names import is_tied_copy, whole_model_parameters
 
 
 def _gather(shard: torch.Tensor, dim: int) -> list[torch.Tensor]:
@@ -34,6 +34,8 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     Slices are gathered on the model's device, which is the tensor-parallel group's."""
     state: dict[str, torch.Tensor] = {}
     for name, param in whole_model_parameters(model):
+        if is_tied_copy(param):
+            continue  # the first stage gathers the embedding it copies: no second gather of a vocabulary's rows
         value = param.detach()
         if not getattr(param, "tensor_model_parallel", False):
             state[name] = value.to("cpu", copy=True)
@@ -49,8 +51,4 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return state
     stages: list[dict[str, torch.Tensor]] = [{}] * parallel_state.get_pipeline_model_parallel_world_size()
     torch.distributed.all_gather_object(stages, state, group=parallel_state.get_pipeline_model_parallel_group())
-    whole: dict[str, torch.Tensor] = {}
-    for stage_state in stages:
-        for name, value in stage_state.items():
-            whole.setdefault(name, value)  # a tied embedding: the first stage's, not the last stage's copy
-    return whole
+    return {name: value for stage_state in stages for name, value in stage_state.items()}
