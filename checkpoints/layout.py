@@ -7,6 +7,7 @@ in a work dir is named here, and nowhere else:
     events.jsonl              every event (also in etcd)
     metrics.jsonl             one line per trained rollout
     logs/<proc>.log           each process's output
+    exits/<pid>.json          the exit code a trainer process ended with (elastic_rl.exit_record)
     rollouts/<N>/             the rollout log (checkpoints.rollout_log)
     rollouts/inflight-<N>.jsonl   what rollout N has generated before its commit (checkpoints.inflight_log)
     engine_tokens/<node>.json     each engine's generated-token counter as erld last read it
@@ -75,6 +76,10 @@ def logs_dir(workdir: Path) -> Path:
 
 def proc_log_path(workdir: Path, proc: str) -> Path:
     return logs_dir(workdir) / f"{proc}.log"
+
+
+def exit_record_path(workdir: Path, pid: int) -> Path:
+    return workdir / "exits" / f"{pid}.json"
 
 
 def train_metrics_path(workdir: Path, rollout_id: int) -> Path:

@@ -50,7 +50,7 @@ from daemon.draining import relieved_lighthouse_in_use
 from daemon.plan import Endpoints, ProcSpec, Role, command, node_environment, proc_spec, process_env, server_url
 from daemon.pool import InterpreterPool
 from daemon.proctable import LocalProc, ProcessTable, ProcState
-from elastic_rl import jobenv
+from elastic_rl import exit_record, jobenv
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.engines import token_ledger
 from elastic_rl.engines.client import EngineClient
@@ -305,6 +305,9 @@ class JobAgent:
         if proc.draining:
             proc.state = ProcState.DRAINED  # an engine that left its draining node: the controller moves it
             return
+        if proc.exit_code is None and proc.pid is not None:
+            # Adopted from an earlier erld, so not this one's child: the code the trainer recorded, if any.
+            proc.exit_code = exit_record.read(self.workdir, proc.pid, proc.create_time)
         progress = await self.store.get(keys.job_progress(self.job_id)) or {}
         idle_spare = any(
             record.get("role") == "spare" and record.get("state") == "running"

@@ -3,6 +3,9 @@
     started by erld as: python -m elastic_rl.trainer.main
     (ERL_* variables from jobenv; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT for the replica's TP group)
 
+The exit code it ends with is also written to the work dir (``exit_record``),
+for an erld that adopted it and cannot ``wait`` for it.
+
 A trainer that cannot run where it was placed (its spec refused there, e.g.
 bf16 on a CPU slot, or a GPU slot and a torch without CUDA) reports why and
 exits ``EXIT_GAVE_UP``: erld fails the job with that reason rather than
@@ -18,7 +21,7 @@ import sys
 import time
 from typing import NoReturn
 
-from elastic_rl import jobenv
+from elastic_rl import exit_record, jobenv
 from elastic_rl.errors import SpecError, WrongDevice
 from elastic_rl.progress import ProgressReporter
 from elastic_rl.store.client import StoreUnavailable
@@ -34,6 +37,16 @@ log = logging.getLogger("elastic_rl.trainer")
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     env = jobenv.JobEnv.from_environ()
+    try:
+        run(env)
+    except SystemExit as exc:  # the codes erld acts on: rollback, quarantine, drained, gave up
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1  # as Python exits
+        exit_record.write(env.workdir, code)
+        raise
+    exit_record.write(env.workdir, 0)
+
+
+def run(env: jobenv.JobEnv) -> None:
     try:
         replica = TrainerReplica(env, StopRequest(), IMPORTS_DONE)
     except (SpecError, WrongDevice) as exc:
