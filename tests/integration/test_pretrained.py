@@ -1,7 +1,8 @@
 """Pretrained checkpoints in megatron: SmolLM2-135M-Instruct and small random Llama, Qwen2, Qwen3,
 Qwen3-MoE and Mixtral models that transformers builds here. Import then export is bitwise the
 identity, and megatron's logits match transformers' at every tensor-parallel size the model allows,
-and in two pipeline stages."""
+and in two pipeline stages. The mixtures of experts are also imported from their stacked layout
+(what transformers holds in memory), and export as the per-expert checkpoint of the same model."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
@@ -68,6 +69,9 @@ RANDOM_MODELS = {
     "mixtral": MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2),
 }
 
+# The same models as these, saved with their experts stacked: name -> the per-expert checkpoint's name.
+STACKED = {"qwen3-moe-stacked": "qwen3-moe", "mixtral-stacked": "mixtral"}
+
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
@@ -89,6 +93,14 @@ def make_checkpoints(root: Path) -> dict[str, Path]:
         model.save_pretrained(root / name)
         as_transformers(build_tokenizer()).save_pretrained(root / name)  # a checkpoint comes with one
         found[name] = root / name
+        for stacked_name in [stacked for stacked, saved in STACKED.items() if saved == name]:
+            folder = root / stacked_name
+            model.config.save_pretrained(folder)
+            as_transformers(build_tokenizer()).save_pretrained(folder)
+            save_file(
+                {key: value.contiguous() for key, value in model.state_dict().items()}, folder / "model.safetensors"
+            )
+            found[stacked_name] = folder
     return found
 
 
@@ -98,7 +110,12 @@ def exported(checkpoints, tmp_path_factory) -> dict[tuple[str, int, int], Path]:
 
     SmolLM2 has 3 key/value heads, so it splits at TP=3, not TP=2.
     """
-    runs = {(1, 1): list(checkpoints), (2, 1): list(RANDOM_MODELS), (3, 1): ["smollm2"], (1, 2): list(RANDOM_MODELS)}
+    runs = {
+        (1, 1): list(checkpoints),
+        (2, 1): [*RANDOM_MODELS, *STACKED],
+        (3, 1): ["smollm2"],
+        (1, 2): list(RANDOM_MODELS),
+    }
     outputs = {}
     for (tp, pp), names in runs.items():
         out = tmp_path_factory.mktemp(f"tp{tp}-pp{pp}")
@@ -107,14 +124,16 @@ def exported(checkpoints, tmp_path_factory) -> dict[tuple[str, int, int], Path]:
     return outputs
 
 
-CASES = [("smollm2", 1, 1), ("smollm2", 3, 1)] + [
-    (name, tp, pp) for name in RANDOM_MODELS for tp, pp in ((1, 1), (2, 1), (1, 2))
-]
+CASES = (
+    [("smollm2", 1, 1), ("smollm2", 3, 1)]
+    + [(name, tp, pp) for name in RANDOM_MODELS for tp, pp in ((1, 1), (2, 1), (1, 2))]
+    + [(name, tp, 1) for name in STACKED for tp in (1, 2)]
+)
 
 
 @pytest.mark.parametrize("name, tp, pp", CASES)
 def test_import_then_export_is_bitwise_the_identity(checkpoints, exported, name, tp, pp):
-    original = load_file(str(checkpoints[name] / "model.safetensors"))
+    original = load_file(str(checkpoints[STACKED.get(name, name)] / "model.safetensors"))
     back = load_file(str(exported[name, tp, pp] / "hf" / "model.safetensors"))
     assert sorted(back) == sorted(original)
     for tensor_name, tensor in original.items():
@@ -124,7 +143,7 @@ def test_import_then_export_is_bitwise_the_identity(checkpoints, exported, name,
 @pytest.mark.parametrize("name, tp, pp", CASES)
 def test_megatron_logits_match_transformers(checkpoints, exported, name, tp, pp):
     saved = torch.load(exported[name, tp, pp] / "logits.pt", weights_only=True)
-    hf = AutoModelForCausalLM.from_pretrained(str(checkpoints[name]), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(checkpoints[STACKED.get(name, name)]), dtype=torch.float32).eval()
     with torch.no_grad():
         expected = hf(saved["tokens"]).logits
     assert saved["logits"].shape == expected.shape

@@ -8,7 +8,9 @@ norms whole. A pipeline stage reads its own layers (by the whole model's
 numbers, ``elastic_rl.layer_names``), and with a tied embedding the last stage
 reads the embedding for its copy. Every megatron parameter must be filled and,
 by a whole model, every tensor of the checkpoint used, so a checkpoint that
-does not fit the architecture is an error, never a half-loaded model.
+does not fit the architecture is an error, never a half-loaded model. A
+mixture of experts may be stored expert by expert or stacked
+(``layout.stacked_experts``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from safetensors import safe_open
 
 from elastic_rl.architecture import Architecture
 from elastic_rl.layer_names import whole_model_parameters
-from elastic_rl.model.convert.layout import HF_OUTPUT, fused_qkv, gated_fc1, one_to_one, query_groups
+from elastic_rl.model.convert.layout import (
+    HF_OUTPUT,
+    StackedPart,
+    fused_qkv,
+    gated_fc1,
+    one_to_one,
+    query_groups,
+    stacked_experts,
+)
 
 INDEX_FILE = "model.safetensors.index.json"
 # Buffers some checkpoints store that the model recomputes.
@@ -29,9 +39,12 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class SafetensorsReader:
-    """Whole tensors, or row or column ranges of them, from a checkpoint's safetensors files."""
+    """Whole tensors, or row or column ranges of them, from a checkpoint's safetensors files.
 
-    def __init__(self, folder: Path):
+    A name the files lack is looked up in ``stacked`` (per-expert key -> its part of a layer's stacked
+    experts), so a mixture of experts reads the same in either layout."""
+
+    def __init__(self, folder: Path, stacked: dict[str, StackedPart] | None = None):
         index = folder / INDEX_FILE
         if index.is_file():
             weight_map = orjson.loads(index.read_bytes())["weight_map"]
@@ -44,12 +57,12 @@ class SafetensorsReader:
         if not self.files:
             raise FileNotFoundError(f"{folder}: no safetensors weights")
         self.folder = folder
+        self.stacked = stacked or {}
         self._handles: dict[Path, object] = {}
         self.read: set[str] = set()
 
     def _slice(self, name: str):
         if name not in self.files:
-            # e.g. a mixture of experts stored fused (experts.gate_up_proj) rather than expert by expert
             raise ValueError(f"{self.folder}: no tensor {name}, which the architecture needs")
         file = self.files[name]
         if file not in self._handles:
@@ -65,13 +78,24 @@ class SafetensorsReader:
         return self._handles[file].get_slice(name).get_dtype()
 
     def full(self, name: str) -> torch.Tensor:
-        return self._slice(name)[:].float()
+        return self._read(name, slice(None), slice(None))
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        return self._slice(name)[start:stop].float()
+        return self._read(name, slice(start, stop), slice(None))
 
     def columns(self, name: str, start: int, stop: int) -> torch.Tensor:
-        return self._slice(name)[:, start:stop].float()
+        return self._read(name, slice(None), slice(start, stop))
+
+    def _read(self, name: str, rows: slice, columns: slice) -> torch.Tensor:
+        part = self.stacked.get(name) if name not in self.files else None
+        if part is None or part.expert is None:
+            stored = self._slice(name if part is None else part.name)
+            return (stored[rows] if columns == slice(None) else stored[rows, columns]).float()
+        stored = self._slice(part.name)
+        own_rows = part.rows if part.rows is not None else stored.get_shape()[1]
+        start = part.first_row + (rows.start or 0)
+        stop = part.first_row + (rows.stop if rows.stop is not None else own_rows)
+        return stored[part.expert : part.expert + 1, start:stop, columns][0].float()
 
 
 def _sharded(reader: SafetensorsReader, name: str, param: torch.nn.Parameter, rank: int) -> torch.Tensor:
@@ -115,7 +139,7 @@ def stored_as_float32(folder: Path) -> bool:
 @torch.no_grad()
 def import_hf_weights(model: torch.nn.Module, arch: Architecture, folder: Path, rank: int, tp: int) -> None:
     """Fill ``model`` (this rank's megatron shards of its stage) from the HF checkpoint in ``folder``."""
-    reader = SafetensorsReader(folder)
+    reader = SafetensorsReader(folder, stacked_experts(arch))
     plain, qkv, fc1 = one_to_one(arch), fused_qkv(arch), gated_fc1(arch)
     for name, param in whole_model_parameters(model):
         if name in plain:

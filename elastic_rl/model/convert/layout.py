@@ -15,6 +15,11 @@ In a mixture-of-experts family each expert is such an MLP
 them per family: Qwen3-MoE ``mlp.experts.<e>.{gate,up,down}_proj`` and
 ``mlp.gate``, Mixtral ``block_sparse_moe.experts.<e>.{w1,w3,w2}`` and
 ``block_sparse_moe.gate`` (the per-expert keys transformers 5 writes on save).
+A checkpoint may instead hold the layout transformers 5 keeps in memory: a
+layer's experts stacked, ``mlp.experts.gate_up_proj`` [experts, gate rows then
+up rows, hidden] and ``mlp.experts.down_proj`` [experts, hidden, width], with
+the router at ``mlp.gate`` for both families; ``stacked_experts`` says where
+each per-expert key's tensor lies in it, and the importer reads either.
 
 ``one_to_one`` lists the plain pairs, layer by layer; the importer and the
 exporter both read these tables, so the two directions cannot drift apart.
@@ -114,6 +119,40 @@ def gated_fc1(arch: Architecture) -> dict[str, tuple[str, str]]:
         for layer in range(arch.num_layers)
         for expert in range(arch.experts.count)
     }
+
+
+@dataclass(frozen=True)
+class StackedPart:
+    """Where a per-expert HF tensor lies in a checkpoint whose experts are stacked."""
+
+    name: str
+    """The stacked tensor's key (or, for the router, its key in that layout)."""
+    expert: int | None = None
+    """Its index along the stacked tensor's first dimension; None: the tensor is the whole of ``name``."""
+    first_row: int = 0
+    """Gate rows come first in ``gate_up_proj``, then up's, at the expert's width."""
+    rows: int | None = None
+    """How many rows are its own; None: all of them."""
+
+
+STACKED_BLOCK = "mlp"
+
+
+def stacked_experts(arch: Architecture) -> dict[str, StackedPart]:
+    """Per-expert HF key (and router key) -> its part of the stacked layout."""
+    if arch.experts is None:
+        return {}
+    hf_moe, width = HF_EXPERTS[arch.family], arch.experts.ffn_hidden_size
+    parts = {}
+    for layer in range(arch.num_layers):
+        prefix = f"{hf_layer(layer)}{STACKED_BLOCK}."
+        parts[f"{hf_layer(layer)}{hf_moe.block}.gate.weight"] = StackedPart(f"{prefix}gate.weight")
+        for expert in range(arch.experts.count):
+            gate_up, down = f"{prefix}experts.gate_up_proj", f"{prefix}experts.down_proj"
+            parts[hf_moe.weight(hf_layer(layer), expert, "gate")] = StackedPart(gate_up, expert, 0, width)
+            parts[hf_moe.weight(hf_layer(layer), expert, "up")] = StackedPart(gate_up, expert, width, width)
+            parts[hf_moe.weight(hf_layer(layer), expert, "down")] = StackedPart(down, expert)
+    return parts
 
 
 def query_groups(arch: Architecture) -> tuple[int, int]:
