@@ -105,7 +105,7 @@ async def _check_memory(store: Store, spec: JobSpec) -> None:
     if shortfall is not None:
         raise InputError(
             f"{spec.name}: {shortfall}. Split the model over more ranks (trainer.tensor_parallel, "
-            "trainer.pipeline_parallel), or "
+            "trainer.pipeline_parallel; a mixture of experts' experts: trainer.expert_parallel), or "
             "cut the activations (trainer.micro_batch_size or trainer.max_tokens_per_micro_batch, "
             "rollout.max_prompt_len); `erl plan SPEC` shows the bytes"
         )
@@ -214,6 +214,7 @@ RESHARDABLE = (
     "trainer.tensor_parallel",
     "trainer.pipeline_parallel",
     "trainer.data_parallel",
+    "trainer.expert_parallel",
     "trainer.shard_optimizer",
 )
 """What `erl resume --set` may change: the replica's layout, which every snapshot loads into."""

@@ -10,6 +10,9 @@ layers as the whole model does. With a tied embedding the last stage holds a
 copy of the first stage's embedding as its output layer (megatron marks it
 ``shared``), which goes by the embedding's name: the two stages sum their
 gradients of it and step it alike, so it always holds the embedding's values.
+With expert parallelism a rank holds some of each layer's experts, numbered
+from 0 (``mlp.experts.local_experts.0``); they go by the whole model's expert
+numbers, which megatron's MoE layer knows (``local_expert_indices``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 
 EMBEDDING = "embedding.word_embeddings.weight"
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
 
 def layer_offset(model: torch.nn.Module) -> int:
@@ -28,9 +32,17 @@ def layer_offset(model: torch.nn.Module) -> int:
     return layers[0].layer_number - 1 if len(layers) else 0
 
 
-def whole_model_name(name: str, offset: int) -> str:
+def first_expert(model: torch.nn.Module) -> int:
+    """The whole model's number of this rank's first expert in each layer (0 without expert parallelism)."""
+    return next(
+        (module.local_expert_indices[0] for module in model.modules() if hasattr(module, "local_expert_indices")), 0
+    )
+
+
+def whole_model_name(name: str, offset: int, expert_offset: int = 0) -> str:
     """A stage's parameter name as the whole model names it."""
-    return _LAYER.sub(lambda match: f"decoder.layers.{int(match.group(1)) + offset}.", name)
+    name = _LAYER.sub(lambda match: f"decoder.layers.{int(match.group(1)) + offset}.", name)
+    return _LOCAL_EXPERT.sub(lambda match: f".mlp.experts.local_experts.{int(match.group(1)) + expert_offset}.", name)
 
 
 def is_tied_copy(param: torch.nn.Parameter) -> bool:
@@ -41,9 +53,9 @@ def is_tied_copy(param: torch.nn.Parameter) -> bool:
 def whole_model_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """This stage's parameters under the whole model's names; a tied embedding's copy under the
     embedding's, whose values it always holds."""
-    offset = layer_offset(model)
+    offset, expert_offset = layer_offset(model), first_expert(model)
     return [
-        (EMBEDDING if is_tied_copy(param) else whole_model_name(name, offset), param)
+        (EMBEDDING if is_tied_copy(param) else whole_model_name(name, offset, expert_offset), param)
         for name, param in model.named_parameters()
     ]
 
@@ -54,3 +66,9 @@ def take_stage(stage: torch.nn.Module, whole: torch.nn.Module) -> None:
     source = dict(whole.named_parameters())
     for name, param in whole_model_parameters(stage):
         param.copy_(source[name])
+
+
+def is_split_over_experts(param: torch.nn.Parameter) -> bool:
+    """One of this rank's experts under expert parallelism: the other expert-parallel ranks hold others
+    (megatron marks such a parameter ``allreduce`` False: it is not summed over the data-parallel ranks)."""
+    return not getattr(param, "allreduce", True)

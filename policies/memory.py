@@ -65,18 +65,21 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class Layout:
-    """One replica's ranks: tensor- times pipeline- times data-parallel."""
+    """One replica's ranks: tensor- times pipeline- times data-parallel, a mixture of experts' experts
+    split over ``expert_parallel`` of the data-parallel ranks."""
 
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     data_parallel: int = 1
+    expert_parallel: int = 1
 
     @property
     def ranks(self) -> int:
         return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
 
     def __str__(self) -> str:
-        return f"TP={self.tensor_parallel} PP={self.pipeline_parallel} DP={self.data_parallel}"
+        experts = f" EP={self.expert_parallel}" if self.expert_parallel > 1 else ""
+        return f"TP={self.tensor_parallel} PP={self.pipeline_parallel} DP={self.data_parallel}{experts}"
 
 
 @dataclass(frozen=True)
@@ -134,12 +137,12 @@ def layers_per_stage(num_layers: int, pipeline_parallel: int) -> list[int]:
     return [base + (1 if stage < extra else 0) for stage in range(pipeline_parallel)]
 
 
-def layer_parameters(shape: ModelShape, tensor_parallel: int) -> int:
-    """One transformer layer's parameters on one tensor-parallel rank."""
+def layer_parameters(shape: ModelShape, tensor_parallel: int, expert_parallel: int = 1) -> int:
+    """One transformer layer's parameters on one tensor-parallel rank (holding its share of the experts)."""
     hidden, head_dim = shape.hidden_size, shape.head_dim
     qkv_rows = (shape.num_attention_heads + 2 * shape.num_query_groups) * head_dim
     attention_width = shape.num_attention_heads * head_dim
-    mlps = max(shape.experts, 1)
+    mlps = shape.experts // expert_parallel if shape.experts else 1
     split = (
         qkv_rows * hidden  # linear_qkv, column-parallel
         + (qkv_rows if shape.qkv_bias else 0)
@@ -158,7 +161,7 @@ def stage_parameters(shape: ModelShape, layout: Layout) -> list[int]:
     stages = layout.pipeline_parallel
     counts = []
     for stage, layers in enumerate(layers_per_stage(shape.num_layers, stages)):
-        count = layers * layer_parameters(shape, layout.tensor_parallel)
+        count = layers * layer_parameters(shape, layout.tensor_parallel, layout.expert_parallel)
         first, last = stage == 0, stage == stages - 1
         if first:
             count += embedding

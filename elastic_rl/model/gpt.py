@@ -122,6 +122,9 @@ def _experts_config(arch: Architecture, aux_loss_coef: float) -> dict:
         # without CUDA streams, and the experts without grouped GEMM kernels.
         "moe_token_dispatcher_type": "allgather",
         "moe_grouped_gemm": False,
+        # The experts split over the ranks megatron's groups give them (what marks their parameters as not
+        # summed over the data-parallel ranks).
+        "expert_model_parallel_size": parallel_state.get_expert_model_parallel_world_size(),
         "moe_router_load_balancing_type": "aux_loss" if aux_loss_coef > 0 else "none",
         "moe_aux_loss_coeff": aux_loss_coef,
     }
@@ -189,6 +192,7 @@ def init_model_parallel(
     timeout_s: float = 300.0,
     device: ProcessDevice | None = None,
     pipeline_parallel: int = 1,
+    expert_parallel: int = 1,
 ) -> None:
     """Join the process group and set up megatron's groups, every collective bounded by ``timeout_s``.
 
@@ -216,6 +220,7 @@ def init_model_parallel(
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
+        expert_model_parallel_size=expert_parallel,
         distributed_timeout_minutes=timeout_s / 60,
     )
     if device.kind is DeviceKind.CPU:

@@ -7,7 +7,8 @@ weight whose layout depends on TP is the gated MLP's ``linear_fc1``: each rank
 stores [its gate rows; its up rows], and the full layout is [all gate; all up].
 Converters to other formats start from this canonical state. With pipeline
 stages, each stage names its layers as the whole model does (``model.stages``)
-and the stages' states are put together on every rank.
+and the stages' states are put together on every rank; with expert
+parallelism, the expert-parallel ranks' experts alike.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from megatron.core import parallel_state
 
 from elastic_rl.architecture import GATED_FC1_SUFFIX
-from elastic_rl.layer_names import is_tied_copy, whole_model_parameters
+from elastic_rl.layer_names import is_split_over_experts, is_tied_copy, whole_model_parameters
 
 
 def _gather(shard: torch.Tensor, dim: int) -> list[torch.Tensor]:
@@ -47,6 +48,11 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         else:
             full = torch.cat(shards, dim=param.partition_dim)
         state[name] = full.cpu()
+    if parallel_state.get_expert_model_parallel_world_size() > 1:
+        experts = [{}] * parallel_state.get_expert_model_parallel_world_size()
+        own = {name: state[name] for name, param in whole_model_parameters(model) if is_split_over_experts(param)}
+        torch.distributed.all_gather_object(experts, own, group=parallel_state.get_expert_model_parallel_group())
+        state.update({name: value for rank_experts in experts for name, value in rank_experts.items()})
     if parallel_state.get_pipeline_model_parallel_world_size() == 1:
         return state
     stages: list[dict[str, torch.Tensor]] = [{}] * parallel_state.get_pipeline_model_parallel_world_size()

@@ -10,6 +10,14 @@ last stage only, and a tied embedding's two copies, on the first and last
 stage, have their gradients summed afterwards (megatron does that in
 ``finalize_model_grads`` for its DDP wrapper, which the trainer does not use).
 On a CPU slot the schedule runs inside ``cpu_shim.cuda_calls_on_cpu``.
+
+With expert parallelism each layer's token dispatcher gathers the tokens of
+every expert-parallel rank, tensors of one shape each, once per micro-batch.
+Those ranks hold different samples, so before a pass they agree on the
+micro-batches: as many on each, each padded to the largest rows and width of
+its number (right padding: a causal model's real positions do not see it), and
+a rank with fewer runs empty ones that add nothing to its loss. ``score``
+sees its own micro-batch's logits only.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ def stages() -> int:
 
 def run_micro_batches(model: torch.nn.Module, inputs: list[ModelInput], score: Score, backward: bool) -> None:
     """Every micro-batch forward (and, with ``backward``, backward: gradients add up in ``.grad``)."""
+    inputs, score = _same_shapes_over_expert_ranks(inputs, score)
     if stages() == 1:
         for index, item in enumerate(inputs):
             loss = score(index, forward_gpt(model, item.tokens, item.first_logit))
@@ -80,6 +89,49 @@ def run_micro_batches(model: torch.nn.Module, inputs: list[ModelInput], score: S
         )
     if backward:
         _sum_tied_embedding_gradients(model)
+
+
+def micro_batches_over_expert_ranks(count: int) -> int:
+    """How many micro-batches a pass of ``count`` here runs: the most any expert-parallel rank has."""
+    if parallel_state.get_expert_model_parallel_world_size() == 1:
+        return count
+    counts: list[int] = [0] * parallel_state.get_expert_model_parallel_world_size()
+    torch.distributed.all_gather_object(counts, count, group=parallel_state.get_expert_model_parallel_group())
+    return max(counts)
+
+
+def _same_shapes_over_expert_ranks(inputs: list[ModelInput], score: Score) -> tuple[list[ModelInput], Score]:
+    """``inputs`` padded, and empty ones added, to the micro-batches every expert-parallel rank agrees on;
+    ``score`` for them (the empty ones' loss is 0)."""
+    ranks = parallel_state.get_expert_model_parallel_world_size()
+    if ranks == 1:
+        return inputs, score
+    shapes: list[list[tuple[int, int]]] = [[]] * ranks
+    own = [tuple(item.tokens.shape) for item in inputs]
+    torch.distributed.all_gather_object(shapes, own, group=parallel_state.get_expert_model_parallel_group())
+    agreed = [
+        tuple(max(rank_shapes[index][dim] for rank_shapes in shapes if index < len(rank_shapes)) for dim in (0, 1))
+        for index in range(max(len(rank_shapes) for rank_shapes in shapes))
+    ]
+    dtype = inputs[0].tokens.dtype if inputs else torch.long
+    padded = []
+    for index, (rows, width) in enumerate(agreed):
+        if index < len(inputs):
+            item = inputs[index]
+            more_rows, more_width = rows - item.tokens.shape[0], width - item.tokens.shape[1]
+            padded.append(
+                ModelInput(torch.nn.functional.pad(item.tokens, (0, more_width, 0, more_rows)), item.first_logit)
+            )
+        else:
+            padded.append(ModelInput(torch.zeros(rows, width, dtype=dtype), width - 1))  # one position's logits
+
+    def own_score(index: int, logits: torch.Tensor) -> torch.Tensor:
+        if index >= len(inputs):
+            return logits.sum() * 0.0  # its backward still runs the dispatcher's collectives
+        rows, width = inputs[index].tokens.shape
+        return score(index, logits[:rows, : width - inputs[index].first_logit])
+
+    return padded, own_score
 
 
 def _sum_tied_embedding_gradients(model: torch.nn.Module) -> None:

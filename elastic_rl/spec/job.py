@@ -120,6 +120,11 @@ class JobSpec(Component):
                 problems.append(f"a mixture of experts trains at trainer.tensor_parallel 1 (not {tp})")
             if policy.experts is None and self.trainer.moe_aux_loss_coef > 0:
                 problems.append("trainer.moe_aux_loss_coef applies to a mixture of experts only: set it to 0")
+            ep = self.trainer.expert_parallel
+            if policy.experts is None and ep > 1:
+                problems.append("trainer.expert_parallel applies to a mixture of experts only: set it to 1")
+            if policy.experts is not None and policy.experts.count % ep:
+                problems.append(f"its {policy.experts.count} experts do not split into trainer.expert_parallel {ep}")
             if policy.experts is not None and self.trainer.moe_aux_loss_coef > 0 and pp > 1:
                 problems.append(
                     "trainer.moe_aux_loss_coef in pipeline stages is not built: "
@@ -134,6 +139,8 @@ class JobSpec(Component):
             )
         if self.trainer.moe_aux_loss_coef > 0:
             raise ValueError("trainer.moe_aux_loss_coef applies to a mixture of experts only: set it to 0")
+        if self.trainer.expert_parallel > 1:
+            raise ValueError("trainer.expert_parallel applies to a mixture of experts only: set it to 1")
         for field in ("num_query_groups", "ffn_hidden_size"):
             if getattr(self.model, field) % tp:
                 raise ValueError(

@@ -27,6 +27,11 @@ class TrainerSpec(Component):
     (a replica holds tensor_parallel x pipeline_parallel x data_parallel ranks, all on one node). Across
     replicas the torchft quorum is the data parallelism that survives faults; inside one, these ranks
     come and go together."""
+    expert_parallel: PositiveInt = 1
+    """A mixture of experts only: each layer's experts split over this many of the replica's data-parallel
+    ranks (it divides data_parallel and the experts), so each rank holds and updates 1/expert_parallel of
+    them; megatron's all-gather dispatcher brings every token of those ranks to its experts' rank. The
+    other data-parallel ranks (data_parallel / expert_parallel) hold the same experts."""
     shard_optimizer: bool = True
     """With data_parallel > 1, split AdamW's state across the replica's data-parallel ranks (each
     updates the parameters it owns and sends them to the others: torch's ZeroRedundancyOptimizer), so
@@ -72,6 +77,22 @@ class TrainerSpec(Component):
     def ranks_per_replica(self) -> int:
         """Processes, and device slots, of one replica."""
         return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+
+    @model_validator(mode="after")
+    def _experts_split_over_data_parallel_ranks(self) -> TrainerSpec:
+        if self.data_parallel % self.expert_parallel:
+            raise ValueError(
+                f"trainer.expert_parallel ({self.expert_parallel}) must divide trainer.data_parallel "
+                f"({self.data_parallel}): experts are split over the replica's data-parallel ranks"
+            )
+        if self.expert_parallel > 1 and self.shard_optimizer:
+            # ZeroRedundancyOptimizer sends each parameter from the one rank that owns it to every other,
+            # which would overwrite one rank's experts with another's.
+            raise ValueError(
+                "trainer.shard_optimizer with trainer.expert_parallel > 1 is not built: set "
+                "trainer.shard_optimizer false (each rank then holds AdamW's state of its own experts only)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _micro_fits(self) -> TrainerSpec:

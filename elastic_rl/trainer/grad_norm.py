@@ -1,30 +1,34 @@
-"""The global gradient norm of a tensor- and pipeline-parallel model: what the trainer clips by and checks."""
+"""The gradient norm over a replica's tensor-, expert- and pipeline-parallel ranks: what the trainer clips by."""
 
 from __future__ import annotations
 
 import torch
 from megatron.core import parallel_state
 
-from elastic_rl.layer_names import is_tied_copy
+from elastic_rl.layer_names import is_split_over_experts, is_tied_copy
 from elastic_rl.model.pipeline import sum_over_stages
 
 
 def grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
-    """The global gradient norm: tensor-parallel shards summed across ranks, replicated ones once, every
-    pipeline stage's share summed (a tied embedding counted once, on the first stage)."""
+    """The global gradient norm: tensor-parallel shards summed across ranks, replicated ones once, each
+    expert-parallel rank's experts summed across those ranks, every pipeline stage's share summed (a tied
+    embedding counted once, on the first stage)."""
     device = parameters[0].device if parameters else None
-    sharded = torch.zeros((), device=device)
-    replicated = torch.zeros((), device=device)
+    # Squares by placement: [split over tensor-parallel ranks or not][split over expert-parallel ranks or not].
+    squares = torch.zeros(2, 2, device=device)
     for param in parameters:
         if param.grad is None or is_tied_copy(param):
             continue
         values = param.grad.detach().reshape(-1).float()
-        squares = torch.dot(values, values)  # one pass, no squared copy
-        if getattr(param, "tensor_model_parallel", False):
-            sharded += squares
-        else:
-            replicated += squares
-    torch.distributed.all_reduce(sharded, group=parallel_state.get_tensor_model_parallel_group())
-    squares = sharded + replicated
-    sum_over_stages(squares)
-    return squares.sqrt()
+        tensor_split = getattr(param, "tensor_model_parallel", False)
+        squares[int(tensor_split), int(is_split_over_experts(param))] += torch.dot(values, values)
+    split = squares[1].contiguous()
+    torch.distributed.all_reduce(split, group=parallel_state.get_tensor_model_parallel_group())
+    squares[1] = split
+    if parallel_state.get_expert_model_parallel_world_size() > 1:
+        experts = squares[:, 1].contiguous()
+        torch.distributed.all_reduce(experts, group=parallel_state.get_expert_model_parallel_group())
+        squares[:, 1] = experts
+    total = squares.sum()
+    sum_over_stages(total)
+    return total.sqrt()

@@ -33,8 +33,15 @@ from elastic_rl.algo.advantages import token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
+from elastic_rl.layer_names import is_split_over_experts
 from elastic_rl.model.expert_load import ExpertLoad
-from elastic_rl.model.pipeline import ModelInput, largest_over_stages, run_micro_batches, sum_over_stages
+from elastic_rl.model.pipeline import (
+    ModelInput,
+    largest_over_stages,
+    micro_batches_over_expert_ranks,
+    run_micro_batches,
+    sum_over_stages,
+)
 from elastic_rl.model.sequence_log_probs import Entropy, log_probs_of_logits
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
@@ -162,7 +169,10 @@ class GrpoTrainer:
         self.manager = manager
         self.replica = replica
         self.reference = reference
-        self.parameters = [p for p in model.parameters() if p.requires_grad]
+        # A rank's own experts first: their gradients are summed over other ranks than the rest's.
+        trained = [p for p in model.parameters() if p.requires_grad]
+        self.parameters = sorted(trained, key=lambda p: not is_split_over_experts(p))
+        self.expert_gradient_size = sum(p.numel() for p in self.parameters if is_split_over_experts(p))
         self.device = self.parameters[0].device
         self.consecutive_skips = 0
         self.reduced, self.gradient_size = self._all_reduce_buffer(spec.trainer.replicas.max)
@@ -364,7 +374,7 @@ class GrpoTrainer:
         verdicts[self.replica] = 0.0 if local_finite else 1.0
         verdicts[replicas + self.replica] = rank + 1 if self.data_rank == 0 and self.first_stage else 0.0
         sum_over_stages(flat[offset:])  # the last stage's metric sums; every stage's verdict
-        self._sum_over_data_ranks(flat)
+        self._sum_step_over_data_ranks(flat)
         self.manager.allreduce(flat, reduce_op=torch.distributed.ReduceOp.SUM).wait()
         sums = flat[offset : offset + len(METRIC_NAMES)]
 
@@ -406,6 +416,7 @@ class GrpoTrainer:
         """A mixture of experts' load-balancing loss: each of this rank's micro-batches weighs
         1/micro_batches of its gradient, and the step's ranks are averaged (the step sums them)."""
         ranks = self.manager.num_participants() * self.data_ranks
+        micro_batches = micro_batches_over_expert_ranks(micro_batches)  # the empty ones added to match
         MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0 / (micro_batches * ranks), device=self.device))
 
     def _data_rank_part(self, shard: torch.Tensor) -> torch.Tensor:
@@ -415,6 +426,15 @@ class GrpoTrainer:
     def _sum_over_data_ranks(self, tensor: torch.Tensor) -> None:
         if self.data_ranks > 1:
             torch.distributed.all_reduce(tensor, group=parallel_state.get_data_parallel_group())
+
+    def _sum_step_over_data_ranks(self, flat: torch.Tensor) -> None:
+        """Sum the step's all-reduce buffer over the replica's data-parallel ranks. A rank's own experts are
+        summed over the ranks holding the same experts only: their gradients already hold every
+        expert-parallel rank's tokens (megatron's dispatcher sent them back)."""
+        experts = self.expert_gradient_size
+        self._sum_over_data_ranks(flat[experts:])
+        if experts and parallel_state.get_expert_data_parallel_world_size() > 1:
+            torch.distributed.all_reduce(flat[:experts], group=parallel_state.get_expert_data_parallel_group())
 
     @torch.no_grad()
     def _recompute(

@@ -120,6 +120,7 @@ class TrainerReplica:
             timeout_s=spec.fault_tolerance.model_parallel_timeout_s,
             device=self.compute,
             pipeline_parallel=spec.trainer.pipeline_parallel,
+            expert_parallel=spec.trainer.expert_parallel,
         )
         self.rank = torch.distributed.get_rank()
         self.source = ModelSource.from_spec(spec.model)

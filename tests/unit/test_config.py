@@ -240,6 +240,24 @@ def test_a_mixture_of_experts_trains_at_tp1_and_only_it_takes_a_load_balancing_l
             validate_spec({"name": "j", "model": model, "trainer": {"moe_aux_loss_coef": 0.01}})
 
 
+def test_experts_split_over_data_parallel_ranks_of_a_mixture_of_experts_only(tmp_path):
+    moe = {"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2}
+    mixture = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "moe", **moe))}
+    layout = {"data_parallel": 2, "expert_parallel": 2, "shard_optimizer": False}
+    spec = validate_spec({"name": "j", "model": mixture, "trainer": layout})
+    assert spec.trainer.expert_parallel == 2 and spec.trainer.ranks_per_replica == 2  # carved out of DP
+    with pytest.raises(SpecError, match=r"trainer.expert_parallel \(2\) must divide trainer.data_parallel \(3\)"):
+        validate_spec({"name": "j", "model": mixture, "trainer": {**layout, "data_parallel": 3}})
+    with pytest.raises(SpecError, match="its 4 experts do not split into trainer.expert_parallel 8"):
+        validate_spec({"name": "j", "model": mixture, "trainer": {**layout, "data_parallel": 8, "expert_parallel": 8}})
+    with pytest.raises(SpecError, match="set trainer.shard_optimizer false"):
+        validate_spec({"name": "j", "model": mixture, "trainer": {**layout, "shard_optimizer": True}})
+    dense = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "dense"))}
+    for model in (dense, {}):  # a dense checkpoint, and the toy model
+        with pytest.raises(SpecError, match="trainer.expert_parallel applies to a mixture of experts only"):
+            validate_spec({"name": "j", "model": model, "trainer": layout})
+
+
 def test_a_missing_checkpoint_is_named(tmp_path):
     with pytest.raises(SpecError, match="no HF checkpoint at"):
         validate_spec({"name": "j", "model": {"hf_checkpoint": str(tmp_path / "none")}})
@@ -358,8 +376,8 @@ def test_the_toy_answer_has_toy_digits_and_must_fit_in_max_new_tokens():
 @pytest.mark.parametrize(
     "overrides, recorded",
     [
-        ([], "706db5ddbe83bc63"),
-        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "0310c70e9d6c5a2c"),
+        ([], "3bdcd292295ce629"),
+        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "bfbb0a9fc0b872af"),
     ],
 )
 def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):

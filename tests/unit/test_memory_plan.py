@@ -57,6 +57,10 @@ def test_a_mixture_of_experts_is_counted_to_the_parameter():
         experts_per_token=8,
     )
     assert sum(stage_parameters(qwen3_30b_a3b, Layout())) == 30_532_122_624
+    # Over 8 expert-parallel ranks each holds 16 of each layer's 128 experts, and everything else whole.
+    experts = 48 * 128 * 3 * 768 * 2048
+    split = sum(stage_parameters(qwen3_30b_a3b, Layout(data_parallel=8, expert_parallel=8)))
+    assert split == 30_532_122_624 - experts + experts // 8
 
 
 def test_tensor_parallel_ranks_split_the_matrices_and_each_keep_the_norms():

@@ -5,10 +5,11 @@ Each rank reads only its own slices of the checkpoint's safetensors files
 (q/k/v by whole key/value groups, gate and up by the same rows), columns of the
 row-parallel ones, vocabulary rows of the embedding and output layer, and the
 norms whole. A pipeline stage reads its own layers (by the whole model's
-numbers, ``elastic_rl.layer_names``), and with a tied embedding the last stage
-reads the embedding for its copy. Every megatron parameter must be filled and,
-by a whole model, every tensor of the checkpoint used, so a checkpoint that
-does not fit the architecture is an error, never a half-loaded model. A
+numbers, ``elastic_rl.layer_names``), an expert-parallel rank its own experts,
+and with a tied embedding the last stage reads the embedding for its copy.
+Every megatron parameter must be filled and every tensor of the checkpoint
+used by some rank, so a checkpoint that does not fit the architecture is an
+error, never a half-loaded model. A
 mixture of experts may be stored expert by expert or stacked
 (``layout.stacked_experts``).
 """
@@ -159,9 +160,15 @@ def import_hf_weights(model: torch.nn.Module, arch: Architecture, folder: Path, 
                 f"{folder}: {name} has shape {tuple(value.shape)} here, megatron expects {tuple(param.shape)}"
             )
         param.copy_(value)
-    if len(model.decoder.layers) < arch.num_layers:
-        return  # one stage of several: the other stages read the rest
-    ignored = {HF_OUTPUT} if arch.tie_embeddings else set()
+    # What other pipeline stages, or other expert-parallel ranks, read.
+    held = {name for name, _ in whole_model_parameters(model)}
+    elsewhere = set()
+    for table in (plain, qkv, fc1):
+        for name, hf_names in table.items():
+            if name not in held:
+                elsewhere.update([hf_names] if isinstance(hf_names, str) else hf_names)
+    elsewhere |= {reader.stacked[name].name for name in elsewhere if name in reader.stacked}
+    ignored = elsewhere | ({HF_OUTPUT} if arch.tie_embeddings else set())
     unused = sorted(name for name in set(reader.files) - reader.read - ignored if not name.endswith(IGNORED_SUFFIXES))
     if unused:
         raise ValueError(f"{folder}: tensors the {arch.family} architecture does not use: {unused[:5]}")
