@@ -9,9 +9,8 @@ numbers, ``elastic_rl.layer_names``), an expert-parallel rank its own experts,
 and with a tied embedding the last stage reads the embedding for its copy.
 Every megatron parameter must be filled and every tensor of the checkpoint
 used by some rank, so a checkpoint that does not fit the architecture is an
-error, never a half-loaded model. A
-mixture of experts may be stored expert by expert or stacked
-(``layout.stacked_experts``).
+error, never a half-loaded model. A mixture of experts may be stored expert by
+expert or stacked (``layout.stacked_experts``).
 """
 
 from __future__ import annotations
