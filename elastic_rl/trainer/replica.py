@@ -308,6 +308,7 @@ class TrainerReplica:
     # --- the loop --------------------------------------------------------------
 
     def run(self) -> None:
+        meet_peers_at = self.rollout_peers_train_next()
         while (position := self.manager.current_step()) < self.total_steps:
             rollout_id, index = divmod(position, self.steps_per_rollout)
             if index == 0 and rollout_id in layout.quarantined_rollouts(self.workdir):
@@ -315,7 +316,9 @@ class TrainerReplica:
                 continue
             if index == 0 and self.residency is not None:
                 self.residency.offload()  # the engines' turn (a no-op after a published rollout)
-            if index == 0 and (self.stop_request.requested or not self.wait_for_rollout(rollout_id)):
+            waited_for = max(rollout_id, meet_peers_at)
+            meet_peers_at = -1
+            if index == 0 and (self.stop_request.requested or not self.wait_for_rollout(waited_for)):
                 self.stop(rollout_id)
                 break
             if index == 0:
@@ -332,6 +335,17 @@ class TrainerReplica:
                     self.leave(rollout_id)
         self.snapshots.wait()
         self.manager.shutdown(wait=False)
+
+    def rollout_peers_train_next(self) -> int:
+        """The rollout after the newest published weights: what running peers train next.
+
+        A replica that starts (resumed from a snapshot, or from the initial weights) behind them waits
+        for that rollout before its first quorum, so that the quorum meets them and heals it from them.
+        Asking at once, while they wait for that rollout, would give it a quorum of its own, in which it
+        trains again what they have trained. With no peer left it replays as before, once that rollout
+        is committed (its weights are published, so the orchestrator generates it)."""
+        published = layout.latest_weights_version(self.workdir) or 0
+        return min(published, self.spec.rollout.num_rollouts - 1)
 
     def follow_lighthouse(self, rollout_id: int) -> None:
         """Make the Manager again if the orchestrator that committed this rollout (after this process
