@@ -34,7 +34,10 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's parameters in the TP=1, PP=1 layout, in CPU memory, on every rank of the model.
     Slices are gathered on the model's device, which is the tensor-parallel group's."""
     state: dict[str, torch.Tensor] = {}
+    own_experts: list[str] = []
     for name, param in whole_model_parameters(model):
+        if is_split_over_experts(param):
+            own_experts.append(name)
         if is_tied_copy(param):
             continue  # the first stage gathers the embedding it copies: no second gather of a vocabulary's rows
         value = param.detach()
@@ -50,7 +53,7 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         state[name] = full.cpu()
     if parallel_state.get_expert_model_parallel_world_size() > 1:
         experts = [{}] * parallel_state.get_expert_model_parallel_world_size()
-        own = {name: state[name] for name, param in whole_model_parameters(model) if is_split_over_experts(param)}
+        own = {name: state[name] for name in own_experts}
         torch.distributed.all_gather_object(experts, own, group=parallel_state.get_expert_model_parallel_group())
         state.update({name: value for rank_experts in experts for name, value in rank_experts.items()})
     if parallel_state.get_pipeline_model_parallel_world_size() == 1:

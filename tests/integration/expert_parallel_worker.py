@@ -31,12 +31,11 @@ from elastic_rl.model.gpt import init_model_parallel
 from elastic_rl.model.megatron_state import full_state_dict
 from elastic_rl.model.source import ModelSource
 from elastic_rl.spec.loading import load_spec
-from elastic_rl.spec.model import ModelSpec
 from elastic_rl.trainer.grpo import GrpoTrainer
 from elastic_rl.trainer.lr_schedule import lr_lambda
 from elastic_rl.trainer.optimizer import build_optimizer, local_optimizer
 from tests.integration.data_parallel_worker import COMMON, STEPS, rollout, train
-from tests.integration.pretrained_worker import last_stage_logits
+from tests.integration.pretrained_worker import export_with_logits
 from tests.trainer_doubles import FakeSoloQuorum
 
 SEED = 7
@@ -87,18 +86,6 @@ def local_experts(model: torch.nn.Module) -> int:
     return len(model.decoder.layers[0].mlp.experts.local_experts)
 
 
-def export_with_logits(checkpoint: Path, out: Path) -> None:
-    source = ModelSource.from_spec(ModelSpec(hf_checkpoint=checkpoint))
-    model = source.build_policy().eval()
-    assert local_experts(model) == source.architecture.experts.count // 2
-    tokens = torch.randint(0, source.architecture.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
-    logits = last_stage_logits(model, tokens)
-    state = full_state_dict(model)
-    if torch.distributed.get_rank() == 0:
-        source.export(out / checkpoint.name / "hf", state)
-        torch.save({"tokens": tokens, "logits": logits}, out / checkpoint.name / "logits.pt")
-
-
 def micro_batches_per_step(trainer: GrpoTrainer, batch) -> list[list[int]]:
     """Each rank's micro-batches in each step: where they differ, a rank ran empty ones to match."""
     size = trainer.spec.trainer.global_batch_size
@@ -116,7 +103,8 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     join(expert_parallel=2)
     for checkpoint in checkpoints:
-        export_with_logits(checkpoint, out)
+        model = export_with_logits(checkpoint, out)
+        assert local_experts(model) == model.config.num_moe_experts // 2
 
     join(expert_parallel=1)
     whole, _ = replica(spec_path, expert_parallel=1)

@@ -45,18 +45,25 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     init_model_parallel(tp, seed=3, pipeline_parallel=pp)
     for checkpoint in checkpoints:
-        source = ModelSource.from_spec(ModelSpec(hf_checkpoint=checkpoint))
-        model = source.build_policy().eval()
-        tokens = torch.randint(0, source.architecture.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
-        logits = last_stage_logits(model, tokens)
-        state = full_state_dict(model)
-        target = out / checkpoint.name
-        if torch.distributed.get_rank() == 0:
-            source.export(target / "hf", state)
-        if logits is not None and parallel_state.get_tensor_model_parallel_rank() == 0:
-            target.mkdir(parents=True, exist_ok=True)
-            torch.save({"tokens": tokens, "logits": logits.cpu()}, target / "logits.pt")
+        export_with_logits(checkpoint, out)
     destroy_model_parallel()
+
+
+def export_with_logits(checkpoint: Path, out: Path) -> torch.nn.Module:
+    """Import ``checkpoint`` into this rank's model, export it back (rank 0) to OUT/<name>/hf and save the
+    logits of a fixed batch to OUT/<name>/logits.pt; return the model."""
+    source = ModelSource.from_spec(ModelSpec(hf_checkpoint=checkpoint))
+    model = source.build_policy().eval()
+    tokens = torch.randint(0, source.architecture.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    logits = last_stage_logits(model, tokens)
+    state = full_state_dict(model)
+    target = out / checkpoint.name
+    if torch.distributed.get_rank() == 0:
+        source.export(target / "hf", state)
+    if logits is not None and parallel_state.get_tensor_model_parallel_rank() == 0:
+        target.mkdir(parents=True, exist_ok=True)
+        torch.save({"tokens": tokens, "logits": logits.cpu()}, target / "logits.pt")
+    return model
 
 
 if __name__ == "__main__":
