@@ -79,7 +79,7 @@ def step_times(checkpoint: Path, steps: int) -> list[float]:
     spec = load_spec(REPO / "examples/tiny-grpo.yaml", worker.COMMON)
     source = ModelSource.from_spec(ModelSpec(hf_checkpoint=checkpoint))
     model = source.build_policy()
-    optimizer = build_optimizer(model.parameters(), spec.trainer)
+    optimizer = build_optimizer(model, spec.trainer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0)
     context = trainer.prepare(0, worker.rollout(len(source.tokenizer)))

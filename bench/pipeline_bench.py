@@ -48,7 +48,7 @@ def rank_main(steps: int, micro_batch: int, pipeline_parallel: int) -> None:
         spec = load_spec(REPO / spec_path, [*worker.COMMON, *layout])
         source = ModelSource.from_spec(spec.model)
         model = source.build_policy()
-        optimizer = build_optimizer(model.parameters(), spec.trainer)
+        optimizer = build_optimizer(model, spec.trainer)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0)
         context = trainer.prepare(0, worker.rollout(source.architecture.vocab_size))

@@ -11,7 +11,8 @@ with the optimizer sharded across them, each rank saves the moments of the
 parameters it owns, under those parameters' names, so a snapshot loads at
 any data-parallel size, sharded or not. Pipeline stages save their layers under
 the whole model's names (``elastic_rl.layer_names``), so a snapshot also loads
-at another pipeline size. Loading
+at another pipeline size. A model held in bf16 (``trainer.dtype: bf16-params``) saves its fp32 main
+weights and moments in its parameters' place, gathered whole, so its snapshots load at any dtype. Loading
 unpickles nothing beyond DCP's own metadata types (``checkpoints.safe_reader``).
 
 Saving is asynchronous by default: a background thread copies the tensors
@@ -37,6 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -55,13 +57,26 @@ log = logging.getLogger("checkpoints.snapshot")
 ADAM_STATES = ("exp_avg", "exp_avg_sq")
 
 
+class MainWeights(Protocol):
+    """fp32 weights and AdamW state kept apart from a bf16 model (``trainer.dtype: bf16-params``), whole per
+    parameter for a snapshot: {"weight"}, with {"exp_avg", "exp_avg_sq", "step"} once it has stepped."""
+
+    def whole(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]: ...
+
+    def ensure_moments(self) -> None: ...
+
+    def load_whole(self, param: torch.nn.Parameter, whole: dict[str, torch.Tensor]) -> None: ...
+
+
 @dataclass
 class TrainingState:
     """The live objects a snapshot is taken from and restored into."""
 
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | MainWeights
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    main_weights: MainWeights | None = None
+    """With bf16 parameters: what holds their fp32 weights and moments, saved in their place."""
 
 
 def tp_mesh() -> DeviceMesh:
@@ -82,8 +97,11 @@ def _slices(name: str, param: torch.nn.Parameter, tensor: torch.Tensor) -> dict[
     return {name: (tensor, param.partition_dim)}
 
 
-def _local_entries(state: TrainingState, step: int, last_rollout: int) -> dict[str, tuple[torch.Tensor, int | None]]:
-    """Every value of a snapshot as (tensor aliasing the live one, placement); None: a plain tensor."""
+def _local_entries(
+    state: TrainingState, step: int, last_rollout: int, wholes: dict | None = None
+) -> dict[str, tuple[torch.Tensor, int | None]]:
+    """Every value of a snapshot as (tensor aliasing the live one, placement); None: a plain tensor.
+    With main weights, their whole tensors are fresh ones, noted in ``wholes`` by parameter."""
     entries: dict[str, tuple[torch.Tensor, int | None]] = {
         "meta.step": (torch.tensor(step), None),
         "meta.last_rollout": (torch.tensor(last_rollout), None),
@@ -91,8 +109,14 @@ def _local_entries(state: TrainingState, step: int, last_rollout: int) -> dict[s
         "meta.rng_cpu": (torch.get_rng_state(), None),
     }
     for name, param in whole_model_parameters(state.model):
-        entries.update({f"model.{k}": v for k, v in _slices(name, param, param.data).items()})
-        adam = state.optimizer.state.get(param)
+        if state.main_weights is None:
+            weights, adam = param.data, state.optimizer.state.get(param)
+        else:
+            whole = state.main_weights.whole(param)
+            weights, adam = whole["weight"], whole if "step" in whole else None
+            if wholes is not None:
+                wholes[param] = whole
+        entries.update({f"model.{k}": v for k, v in _slices(name, param, weights).items()})
         if adam:
             entries[f"optim.{name}.step"] = (adam["step"], None)
             for key in ADAM_STATES:
@@ -213,16 +237,19 @@ def load_snapshot(state: TrainingState, path: Path, group: torch.distributed.Pro
     """Restore ``state`` from the snapshot at ``path`` (any TP size); return (step, last_rollout).
     ``group``: the gloo group DCP coordinates over (the ``SnapshotWriter``'s), never the replica's
     default group, which is NCCL's on a GPU."""
+    if state.main_weights is not None:
+        state.main_weights.ensure_moments()
     # Only the parameters this rank's optimizer updates: sharded, the others' state is another rank's.
     for param in (param for group in state.optimizer.param_groups for param in group["params"]):
-        if param not in state.optimizer.state:
+        if state.main_weights is None and param not in state.optimizer.state:
             state.optimizer.state[param] = {
                 # On the parameter's device, as AdamW makes it: the fused CUDA kernel refuses a step
                 # counter in CPU memory (seen on an H100: every resume's first step failed).
                 "step": torch.zeros((), dtype=torch.float32, device=param.device),
                 **{key: torch.zeros_like(param.data) for key in ADAM_STATES},
             }
-    live = _local_entries(state, step=0, last_rollout=0)
+    wholes: dict[torch.nn.Parameter, dict[str, torch.Tensor]] = {}
+    live = _local_entries(state, step=0, last_rollout=0, wholes=wholes)
     # A GPU tensor is loaded through a CPU twin, then copied in.
     targets = {name: (_on_cpu(tensor), placement) for name, (tensor, placement) in live.items()}
     entries = _dcp_entries(targets, tp_mesh())
@@ -230,6 +257,8 @@ def load_snapshot(state: TrainingState, path: Path, group: torch.distributed.Pro
     for name, (tensor, _) in live.items():
         if tensor is not targets[name][0]:
             tensor.copy_(targets[name][0])
+    for param, whole in wholes.items():
+        state.main_weights.load_whole(param, whole)
     torch.set_rng_state(entries["meta.rng_cpu"])
     _sync_scheduler(state.scheduler, int(entries["meta.scheduler_epoch"]))
     return int(entries["meta.step"]), int(entries["meta.last_rollout"])

@@ -77,8 +77,8 @@ def replica_group(spec: JobSpec, index: int) -> Group:
 
 
 def _trainers_on_gpu(spec: JobSpec) -> bool:
-    # bf16, and a broadcast of the weights into the engines over NCCL, need the trainers on GPUs.
-    return spec.trainer.dtype == "bf16" or spec.engines.weight_sync == "distributed"
+    # bf16 (either kind), and a broadcast of the weights into the engines over NCCL, need the trainers on GPUs.
+    return spec.trainer.dtype != "fp32" or spec.engines.weight_sync == "distributed"
 
 
 def engine_group(spec: JobSpec, index: int) -> Group:

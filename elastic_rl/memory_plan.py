@@ -15,7 +15,16 @@ from dataclasses import dataclass
 
 from elastic_rl.architecture import Architecture, from_hf_config
 from elastic_rl.spec.job import JobSpec
-from policies.memory import FP32_SHARDED, FP32_WHOLE, Layout, ModelShape, Precision, RankMemory, rank_memory
+from policies.memory import (
+    FP32_SHARDED,
+    FP32_WHOLE,
+    MEGATRON_BF16,
+    Layout,
+    ModelShape,
+    Precision,
+    RankMemory,
+    rank_memory,
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,8 @@ def spec_architecture(spec: JobSpec) -> Architecture:
 
 
 def precision_of(spec: JobSpec) -> Precision:
+    if spec.trainer.dtype == "bf16-params":
+        return MEGATRON_BF16
     return FP32_SHARDED if spec.trainer.data_parallel > 1 and spec.trainer.shard_optimizer else FP32_WHOLE
 
 

@@ -27,7 +27,9 @@ torchft Manager, the model builder and the collectives (``elastic_rl.device``).
 - Precision: fp32 anywhere; bf16 (megatron's autocast mixed precision: fp32
   parameters and gradients, bf16 matrix products) only on CUDA, since
   megatron's autocast hooks (``custom_fwd``/``custom_bwd``) are CUDA's alone:
-  on CPU the backward pass mixes bf16 and fp32 and fails.
+  on CPU the backward pass mixes bf16 and fp32 and fails; bf16-params
+  (megatron's bf16 parameters with fp32 main weights in its distributed
+  optimizer) only on CUDA too, since that optimizer refuses CPU tensors.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class CrossReplicaGroup(Enum):
 class Precision(Enum):
     FP32 = "fp32"
     BF16 = "bf16"
+    BF16_PARAMS = "bf16-params"
 
 
 @dataclass(frozen=True)
@@ -134,5 +137,11 @@ def precision_problem(device: ProcessDevice, precision: Precision) -> str | None
             "trainer.dtype bf16 needs a CUDA slot: megatron's mixed precision (autocast) runs only on "
             "CUDA, and this rank was given a CPU one; set trainer.dtype: fp32, or run the job on nodes "
             "started with `erl daemon --gpus`"
+        )
+    if precision is Precision.BF16_PARAMS and device.kind is not DeviceKind.CUDA:
+        return (
+            "trainer.dtype bf16-params needs a CUDA slot: megatron's distributed optimizer, which holds the "
+            "fp32 main weights, refuses CPU tensors, and this rank was given a CPU one; set trainer.dtype: "
+            "fp32, or run the job on nodes started with `erl daemon --gpus`"
         )
     return None

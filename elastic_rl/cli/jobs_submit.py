@@ -17,7 +17,7 @@ from elastic_rl.memory_plan import MemoryPlan, plan, precision_of
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.spec.loading import dump_spec, load_spec
 from elastic_rl.store.client import Store
-from policies.memory import GIB, MIB
+from policies.memory import GIB, MEGATRON_BF16, MIB
 
 SECOND_INTERRUPT_S = 5.0
 
@@ -64,12 +64,15 @@ def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
         if spec.rollout.max_prompt_len is not None
         else "the model's context; set rollout.max_prompt_len to bound it"
     )
+    precision = precision_of(spec)
+    moments = "AdamW's two moments"
+    optimizer_state = f"fp32 main weights and {moments}" if precision is MEGATRON_BF16 else moments
     lines = [
-        f"one trainer rank of {spec.name}: {planned.layout}, {precision_of(spec).name}",
+        f"one trainer rank of {spec.name}: {planned.layout}, {precision.name}",
         f"  parameters      {memory.parameters:>14,}  (this rank's share of the model)",
         f"  weights         {size(memory.parameter_bytes)}",
         f"  gradients       {size(memory.gradient_bytes)}",
-        f"  optimizer       {size(memory.optimizer_bytes)}  (AdamW's two moments: this rank's share)",
+        f"  optimizer       {size(memory.optimizer_bytes)}  ({optimizer_state}: this rank's share)",
         f"  reference model {size(memory.reference_bytes)}  (algorithm.kl_coef > 0 keeps one)",
         f"  activations     {size(memory.activation_bytes)}  (estimate: a micro-batch of {planned.tokens:,} token "
         f"slots, samples up to {planned.sequence:,} tokens: {bound})",

@@ -56,7 +56,8 @@ def transformer_config(
     pipeline_parallel: int = 1,
     aux_loss_coef: float = 0.0,
 ) -> TransformerConfig:
-    """megatron's config of ``arch``: fp32 parameters always; in bf16 the forward pass autocasts.
+    """megatron's config of ``arch``: built with fp32 parameters always; in bf16 the forward pass autocasts,
+    in bf16-params megatron's Float16Module casts the parameters afterwards (``trainer.master_weights``).
     ``aux_loss_coef``: a mixture of experts' load-balancing loss (``trainer.moe_aux_loss_coef``)."""
     mixed = precision is Precision.BF16
     config = TransformerConfig(
@@ -89,7 +90,9 @@ def transformer_config(
         perform_initialization=True,
         params_dtype=torch.float32,
         pipeline_dtype=torch.float32,
-        bf16=False,
+        # bf16-params: megatron's bf16 parameters (Float16Module casts the model after this fp32 build); its
+        # attention then takes the softmax in fp32.
+        bf16=precision is Precision.BF16_PARAMS,
         fp16=False,
         # megatron's autocast mixed precision: its layers' custom_fwd/custom_bwd keep the backward in step.
         enable_autocast=mixed,

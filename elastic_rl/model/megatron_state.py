@@ -40,7 +40,7 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             own_experts.append(name)
         if is_tied_copy(param):
             continue  # the first stage gathers the embedding it copies: no second gather of a vocabulary's rows
-        value = param.detach()
+        value = param.detach().float()  # exported as float32, bf16 parameters too
         if not getattr(param, "tensor_model_parallel", False):
             state[name] = value.to("cpu", copy=True)
             continue

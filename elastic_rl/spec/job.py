@@ -125,6 +125,8 @@ class JobSpec(Component):
                 problems.append("trainer.expert_parallel applies to a mixture of experts only: set it to 1")
             if policy.experts is not None and policy.experts.count % ep:
                 problems.append(f"its {policy.experts.count} experts do not split into trainer.expert_parallel {ep}")
+            if policy.experts is not None and self.trainer.dtype == "bf16-params":
+                problems.append("trainer.dtype bf16-params is built for dense models: set trainer.dtype bf16")
             if policy.experts is not None and self.trainer.moe_aux_loss_coef > 0 and pp > 1:
                 problems.append(
                     "trainer.moe_aux_loss_coef in pipeline stages is not built: "
@@ -177,6 +179,11 @@ class JobSpec(Component):
             problems.append(
                 "remove engines.count (or --set engines.count=null): colocated, the engines follow the replicas "
                 "(each replica's slots host trainer.tensor_parallel / engines.tp_size engines)"
+            )
+        if self.trainer.dtype == "bf16-params":
+            problems.append(
+                "set trainer.dtype bf16: offloading megatron's data-parallel buffers, which hold bf16-params' "
+                "parameters and gradients, is not built"
             )
         if self.trainer.data_parallel > 1 or self.trainer.pipeline_parallel > 1:
             problems.append(
@@ -291,8 +298,8 @@ class JobSpec(Component):
 
     @property
     def needs_cuda(self) -> bool:
-        """Whether the job runs only on GPU slots: SGLang engines, or training in bf16."""
-        return self.engines.kind == "sglang" or self.trainer.dtype == "bf16"
+        """Whether the job runs only on GPU slots: SGLang engines, or training in bf16 (either kind)."""
+        return self.engines.kind == "sglang" or self.trainer.dtype != "fp32"
 
     @property
     def resolved_workdir(self) -> Path:

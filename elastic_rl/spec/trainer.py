@@ -67,11 +67,15 @@ class TrainerSpec(Component):
     cpu_threads: PositiveInt = 1
     """Torch threads of each trainer rank on a CPU node. More is faster where cores are free (in
     sync mode the engines idle while the trainers train); runs compared bit for bit need the same."""
-    dtype: Literal["fp32", "bf16"] = "fp32"
-    """fp32, or bf16: megatron's mixed precision (its autocast: bf16 matrix products over fp32
-    parameters and gradients, so the optimizer and the cross-replica all-reduce stay fp32). bf16
-    runs only on GPU slots: placement puts the replicas on nodes started with `erl daemon --gpus`.
-    Log probabilities, and their comparison with the engine's, are computed in fp32 either way."""
+    dtype: Literal["fp32", "bf16", "bf16-params"] = "fp32"
+    """fp32; bf16: megatron's mixed precision (its autocast: bf16 matrix products over fp32
+    parameters and gradients, so the optimizer and the cross-replica all-reduce stay fp32); or
+    bf16-params: megatron's bf16 training, the parameters in bf16 (its Float16Module) and fp32 main
+    weights and AdamW moments in its DistributedOptimizer, sharded over trainer.data_parallel, with
+    fp32 gradients (its data-parallel buffers), so 6 bytes a parameter plus 12 / data_parallel.
+    bf16 and bf16-params run only on GPU slots: placement puts the replicas on nodes started with
+    `erl daemon --gpus`. Log probabilities, and their comparison with the engine's, are computed in
+    fp32 either way."""
 
     @property
     def ranks_per_replica(self) -> int:
@@ -92,6 +96,21 @@ class TrainerSpec(Component):
                 "trainer.shard_optimizer with trainer.expert_parallel > 1 is not built: set "
                 "trainer.shard_optimizer false (each rank then holds AdamW's state of its own experts only)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _bf16_parameters_fit(self) -> TrainerSpec:
+        if self.dtype != "bf16-params":
+            return self
+        problems = []
+        if self.pipeline_parallel > 1:
+            problems.append("set trainer.pipeline_parallel 1 (the tied embedding's sum between stages is not built)")
+        if self.expert_parallel > 1:
+            problems.append("set trainer.expert_parallel 1 (megatron's separate expert optimizer is not built)")
+        if not self.shard_optimizer:
+            problems.append("remove trainer.shard_optimizer false (megatron's distributed optimizer always shards)")
+        if problems:
+            raise ValueError(f"trainer.dtype bf16-params: {'; '.join(problems)}; or set trainer.dtype bf16")
         return self
 
     @model_validator(mode="after")

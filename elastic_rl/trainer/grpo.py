@@ -46,6 +46,7 @@ from elastic_rl.model.sequence_log_probs import Entropy, log_probs_of_logits
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.trainer.grad_norm import grad_norm
+from elastic_rl.trainer.master_weights import MasterWeights
 from elastic_rl.trainer.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere
 
@@ -175,6 +176,9 @@ class GrpoTrainer:
         self.expert_gradient_size = sum(p.numel() for p in self.parameters if is_split_over_experts(p))
         self.device = self.parameters[0].device
         self.consecutive_skips = 0
+        # bf16 parameters: their gradients add up in megatron's fp32 buffers, summed beside the flat one.
+        self.master = optimizer if isinstance(optimizer, MasterWeights) else None
+        self.gradient_buffers = self.master.gradient_buffers if self.master is not None else []
         self.reduced, self.gradient_size = self._all_reduce_buffer(spec.trainer.replicas.max)
         # The replica's data-parallel ranks split its part of each step; none apart from this one at 1.
         self.data_ranks = spec.trainer.data_parallel
@@ -186,11 +190,12 @@ class GrpoTrainer:
         """What one step all-reduces, in one tensor: every gradient, then the metric sums, then per replica
         slot its verdict and its shard. Each parameter's ``.grad`` is a view of its part, so the backward
         pass accumulates straight into it and nothing is copied in or out (a copy each way of the whole
-        gradient, 0.3 s a step on SmolLM2 here)."""
-        size = sum(p.numel() for p in self.parameters)
+        gradient, 0.3 s a step on SmolLM2 here). With bf16 parameters the gradients are megatron's
+        buffers instead, and this one holds the rest."""
+        size = sum(p.numel() for p in self.parameters) if self.master is None else 0
         reduced = torch.zeros(size + len(METRIC_NAMES) + 2 * replicas, device=self.device)
         offset = 0
-        for param in self.parameters:
+        for param in self.parameters if self.master is None else ():
             param.grad = reduced[offset : offset + param.numel()].view_as(param)
             offset += param.numel()
         return reduced, size
@@ -360,12 +365,15 @@ class GrpoTrainer:
 
         flat = self.reduced
         flat.zero_()  # the gradients (every .grad is a view of it), sums and verdicts of the last step
+        if self.master is not None:
+            self.master.zero_grad()
         measure_gap = spec.algorithm.use_rollout_logprobs and index == 0
         mine = self._data_rank_part(shards[rank])
         sums = self._shard_loss(ctx, mine, global_tokens, global_batch, backward=True, measure_gap=measure_gap)
         local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
 
-        # One all-reduce: gradients, metric sums, and per replica slot its verdict and its shard. Inside
+        # One all-reduce (beside it, megatron's gradient buffers with bf16 parameters): gradients, metric sums,
+        # and per replica slot its verdict and its shard. Inside
         # the replica first (its data-parallel ranks' sums: a verdict counts the ranks that saw a NaN, the
         # shard is given once), then across replicas, each rank with its peers of the same place.
         offset = self.gradient_size
@@ -375,7 +383,13 @@ class GrpoTrainer:
         verdicts[replicas + self.replica] = rank + 1 if self.data_rank == 0 and self.first_stage else 0.0
         sum_over_stages(flat[offset:])  # the last stage's metric sums; every stage's verdict
         self._sum_step_over_data_ranks(flat)
-        self.manager.allreduce(flat, reduce_op=torch.distributed.ReduceOp.SUM).wait()
+        for buffer in self.gradient_buffers:
+            self._sum_over_data_ranks(buffer)
+        pending = [
+            self.manager.allreduce(t, reduce_op=torch.distributed.ReduceOp.SUM) for t in [flat, *self.gradient_buffers]
+        ]
+        for work in pending:
+            work.wait()
         sums = flat[offset : offset + len(METRIC_NAMES)]
 
         decision = Decision(Response.COMMIT)
@@ -383,7 +397,7 @@ class GrpoTrainer:
             health = StepHealth(
                 participants=frozenset(r for r in range(replicas) if verdicts[replicas + r] > 0),
                 nonfinite=frozenset(r for r in range(replicas) if verdicts[r] > 0),
-                reduced_finite=all_finite(flat),
+                reduced_finite=all(all_finite(t) for t in [flat, *self.gradient_buffers]),
             )
             if health.nonfinite:
                 health = self._recompute(ctx, health, shards, verdicts, global_tokens)
@@ -395,7 +409,10 @@ class GrpoTrainer:
         committed = self.manager.should_commit()
         gate_time = self.before_optimizer_step()
         if committed:
-            torch.nn.utils.clip_grads_with_norm_(self.parameters, spec.trainer.clip_grad, norm)
+            if self.master is None:
+                torch.nn.utils.clip_grads_with_norm_(self.parameters, spec.trainer.clip_grad, norm)
+            else:
+                self.master.clip(spec.trainer.clip_grad, norm)
             self.optimizer.step()
             self.scheduler.step()
             self.consecutive_skips = 0

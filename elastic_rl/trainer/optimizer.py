@@ -1,4 +1,5 @@
-"""The trainer's AdamW: whole on every rank, or its state sharded across the replica's data-parallel ranks.
+"""The trainer's AdamW: whole on every rank, or its state sharded across the replica's data-parallel ranks;
+with bf16 parameters, megatron's distributed optimizer.
 
 Sharded (``trainer.shard_optimizer`` with ``trainer.data_parallel`` > 1) it is torch's
 ``ZeroRedundancyOptimizer`` over megatron's data-parallel group: each rank owns some of the parameters
@@ -8,22 +9,26 @@ nor a heal wants: both take the *local* optimizer (``local_optimizer``), whose s
 parameters only, keyed by the parameter. A snapshot saves each moment under its parameter's name, so
 it loads at another data-parallel size; a heal goes rank to rank between replicas of one layout.
 
-Megatron's own DistributedOptimizer is not used: it refuses CPU tensors, and this trainer's step loop
-is its own (``trainer.grpo``), not megatron's.
+With ``trainer.dtype: bf16-params`` (GPU slots) it is megatron's DistributedOptimizer instead
+(``trainer.master_weights``), which refuses CPU tensors: it holds the fp32 main weights, and its moments
+are always sharded over the data-parallel ranks.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 import torch
 from megatron.core import parallel_state
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from elastic_rl.spec.trainer import TrainerSpec
+from elastic_rl.trainer.master_weights import MasterWeights
 
 
-def build_optimizer(parameters: Iterable[torch.nn.Parameter], trainer: TrainerSpec) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, trainer: TrainerSpec) -> torch.optim.Optimizer | MasterWeights:
+    """The optimizer of ``model``, this rank's part of the replica, freshly built (in bf16-params this casts
+    the model to bf16)."""
+    if trainer.dtype == "bf16-params":
+        return MasterWeights(model, trainer)
     settings = {
         "lr": trainer.lr,
         "betas": (trainer.adam_beta1, trainer.adam_beta2),
@@ -33,20 +38,32 @@ def build_optimizer(parameters: Iterable[torch.nn.Parameter], trainer: TrainerSp
     }
     if trainer.data_parallel > 1 and trainer.shard_optimizer:
         return ZeroRedundancyOptimizer(
-            list(parameters),
+            list(model.parameters()),
             optimizer_class=torch.optim.AdamW,
             process_group=parallel_state.get_data_parallel_group(),
             **settings,
         )
-    return torch.optim.AdamW(parameters, **settings)
+    return torch.optim.AdamW(model.parameters(), **settings)
 
 
-def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer whose ``state`` and ``state_dict`` hold this rank's part: itself, unless sharded."""
+def local_optimizer(optimizer: torch.optim.Optimizer | MasterWeights) -> torch.optim.Optimizer | MasterWeights:
+    """The optimizer whose ``state_dict`` holds this rank's part: itself, unless ZeRO shards it."""
     return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
 
 
-def take_scheduled_rates(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+def scheduled(optimizer: torch.optim.Optimizer | MasterWeights) -> torch.optim.Optimizer:
+    """The torch optimizer whose learning rates the schedule sets."""
+    return optimizer.optimizer if isinstance(optimizer, MasterWeights) else optimizer
+
+
+def main_weights(optimizer: torch.optim.Optimizer | MasterWeights) -> MasterWeights | None:
+    """What holds the fp32 weights of a bf16 model, which snapshots save in its place; None in fp32."""
+    return optimizer if isinstance(optimizer, MasterWeights) else None
+
+
+def take_scheduled_rates(
+    optimizer: torch.optim.Optimizer | MasterWeights, scheduler: torch.optim.lr_scheduler.LRScheduler
+) -> None:
     """After a heal loaded the scheduler's position: the learning rates it gives, in the optimizer the
     scheduler drives (a sharded optimizer passes them to its local one at its next step)."""
     for group, rate in zip(optimizer.param_groups, scheduler.get_last_lr()):

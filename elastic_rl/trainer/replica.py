@@ -69,7 +69,13 @@ from elastic_rl.trainer.lr_schedule import lr_lambda
 from elastic_rl.trainer.nan_injection import install_from_environment
 from elastic_rl.trainer.nan_response import respond_to_nan
 from elastic_rl.trainer.offload import Residency
-from elastic_rl.trainer.optimizer import build_optimizer, local_optimizer, take_scheduled_rates
+from elastic_rl.trainer.optimizer import (
+    build_optimizer,
+    local_optimizer,
+    main_weights,
+    scheduled,
+    take_scheduled_rates,
+)
 from elastic_rl.trainer.publisher import RolloutPublisher
 from elastic_rl.trainer.warm_spare import wait_for_place
 from elastic_rl.trainer.weight_broadcast import WeightBroadcaster
@@ -130,14 +136,16 @@ class TrainerReplica:
         if spec.algorithm.kl_coef > 0:
             # Taken before any snapshot or heal: a restarted replica builds the same reference.
             self.reference = self.source.build_reference(self.model, spec.algorithm.reference, precision, where)
-        self.optimizer = build_optimizer(self.model.parameters(), spec.trainer)
+        if self.reference is not None and precision is Precision.BF16_PARAMS:
+            self.reference.bfloat16()  # as the policy computes once its optimizer casts it
+        self.optimizer = build_optimizer(self.model, spec.trainer)
         # This rank's part of the optimizer's state (all of it, unless sharded): what snapshots, heals and
         # offloads take.
         self.local_optimizer = local_optimizer(self.optimizer)
         self.steps_per_rollout = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
         self.total_steps = spec.rollout.num_rollouts * self.steps_per_rollout
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(spec, self.total_steps))
-        self.state = TrainingState(self.model, self.local_optimizer, self.scheduler)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(scheduled(self.optimizer), lr_lambda(spec, self.total_steps))
+        self.state = TrainingState(self.model, self.local_optimizer, self.scheduler, main_weights(self.optimizer))
         self.spec_hash = jobenv.spec_hash(spec)
         # Colocated: the state leaves the device for the engines' turn (``trainer.offload``).
         self.residency = None

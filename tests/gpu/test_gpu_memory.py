@@ -1,5 +1,5 @@
 """The memory accounting on a GPU: the state counted to the byte and the CUDA peak of a step bounded by the
-estimate, in fp32 and in bf16; erld's node record carrying the GPU's memory, and `erl submit` refusing a job
+estimate, in fp32, bf16 and bf16-params; erld's node record carrying the GPU's memory, and `erl submit` refusing a job
 whose trainer rank cannot fit it."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.processes import SPEC, run_module_ranks
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "bf16-params"])
 def test_the_state_is_counted_and_the_estimate_bounds_a_gpu_step(tmp_path, dtype):
     require_gpus(1)
     out = tmp_path / "memory"

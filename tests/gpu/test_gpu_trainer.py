@@ -1,6 +1,7 @@
 """The trainer on a GPU, with one: a node offering its GPU (`erl daemon --gpus all`) and a CPU node beside it
-in the same etcd. The tiny job's replica trains in bf16 (so it may go only to the GPU), its cpu engines run
-on the CPU node. The reward rises, and a trainer killed mid-run restarts on the GPU from its snapshot.
+in the same etcd. The tiny job's replica trains in bf16, megatron's autocast or its bf16 parameters (so it
+may go only to the GPU), its cpu engines run on the CPU node. The reward rises, and a trainer killed mid-run
+restarts on the GPU from its snapshot.
 
 The other gpu tests need SGLang or two and three GPUs; this one needs what any GPU machine has."""
 
@@ -17,7 +18,7 @@ from tests.integration.erld_support import NO_POOL, job_events, metrics, run_job
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
-JOB = ["--set", "trainer.dtype=bf16", "--set", "rollout.num_rollouts=30", "--set", "checkpoints.interval_rollouts=2"]
+JOB = ["--set", "rollout.num_rollouts=30", "--set", "checkpoints.interval_rollouts=2"]
 
 
 @pytest.fixture
@@ -36,11 +37,11 @@ def gpu_and_cpu_nodes(tmp_path):
             cpu.stop()
 
 
-@pytest.mark.parametrize("fault", [None, "trainer-0-0"])
-def test_a_bf16_trainer_on_the_gpu_learns_and_restarts(gpu_and_cpu_nodes, tmp_path, fault):
+@pytest.mark.parametrize(("dtype", "fault"), [("bf16", None), ("bf16", "trainer-0-0"), ("bf16-params", "trainer-0-0")])
+def test_a_bf16_trainer_on_the_gpu_learns_and_restarts(gpu_and_cpu_nodes, tmp_path, dtype, fault):
     faults = [(fault, 8)] if fault else []
     workdir = tmp_path / "job"
-    run_job(gpu_and_cpu_nodes, workdir, JOB, faults, timeout_s=600)
+    run_job(gpu_and_cpu_nodes, workdir, [*JOB, "--set", f"trainer.dtype={dtype}"], faults, timeout_s=600)
 
     procs = status(gpu_and_cpu_nodes, "tiny-grpo")["procs"]
     assert procs["trainer-0-0"]["node"] == "gpu-node", procs
@@ -53,5 +54,9 @@ def test_a_bf16_trainer_on_the_gpu_learns_and_restarts(gpu_and_cpu_nodes, tmp_pa
     assert all(math.isfinite(line["train/logprob_abs_diff_max"]) for line in lines), lines
     assert lines[0]["train/logprob_abs_diff_max"] < 0.5, lines[0]
     if fault:
-        restarts = [e for e in job_events(workdir) if e["kind"] == "proc_restarted" and e["proc"] == fault]
+        events = job_events(workdir)
+        restarts = [e for e in events if e["kind"] == "proc_restarted" and e["proc"] == fault]
         assert restarts and all(e["node"] == "gpu-node" for e in restarts), restarts
+        # It came back from a snapshot (every 2 rollouts), not from the start.
+        resumed = [e for e in events if e["kind"] == "trainer_resumed" and e["proc"] == fault]
+        assert resumed and resumed[-1]["step"] > 0, resumed

@@ -59,7 +59,7 @@ def replica(
     model = ModelSource.from_spec(spec.model).build_policy()
     if initial is not None:
         model.load_state_dict(initial)
-    optimizer = build_optimizer(model.parameters(), spec.trainer)
+    optimizer = build_optimizer(model, spec.trainer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 100))
     trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0)
     return trainer, TrainingState(model, local_optimizer(optimizer), scheduler)

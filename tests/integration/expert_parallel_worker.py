@@ -58,7 +58,7 @@ def replica(spec_path: Path, expert_parallel: int) -> tuple[GrpoTrainer, Trainin
     ]
     spec = load_spec(spec_path, overrides)
     model = ModelSource.from_spec(spec.model).build_policy()
-    optimizer = build_optimizer(model.parameters(), spec.trainer)
+    optimizer = build_optimizer(model, spec.trainer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 100))
     trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0)
     return trainer, TrainingState(model, local_optimizer(optimizer), scheduler)

@@ -4,7 +4,8 @@
 
 Builds the spec's model at the spec's tensor-parallel size, as the trainer does, and takes one GRPO step
 on a micro-batch of the longest samples the spec allows (every sample the plan's longest, half prompt
-and half response) with the trainer's fused AdamW. Writes, per rank, the parameters built and accounted,
+and half response) with the trainer's optimizer (in bf16-params megatron's distributed optimizer). Writes, per
+rank, the parameters built and accounted,
 the bytes the weights, gradients and optimizer state hold and were accounted, and the growth of the
 process's peak memory from just before the model was built against the accounted total: its resident
 memory on a CPU slot, the CUDA allocator's allocations on a GPU slot (`tests/gpu/test_gpu_memory.py`).
@@ -25,7 +26,9 @@ from elastic_rl.memory_plan import plan
 from elastic_rl.model.gpt import init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.spec.loading import load_spec
+from elastic_rl.trainer.grad_norm import gradient_of
 from elastic_rl.trainer.grpo import GrpoTrainer
+from elastic_rl.trainer.optimizer import build_optimizer, main_weights, scheduled
 from policies.devices import DeviceKind, Precision
 from tests.trainer_doubles import rollout_batch
 
@@ -94,20 +97,24 @@ def main() -> None:
 
     growth = PeakGrowth(compute.kind is DeviceKind.CUDA)
     model = source.build_policy(Precision(spec.trainer.dtype), compute.torch_device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    trainer = GrpoTrainer(spec, model, None, None, None, replica=0)
+    optimizer = build_optimizer(model, spec.trainer)
+    trainer = GrpoTrainer(spec, model, optimizer, None, None, replica=0)
     context = trainer.prepare(0, batch)
     trainer._shard_loss(context, torch.arange(samples), int(context.mask.sum()), samples, backward=True)
     optimizer.step()
     peak_growth = growth.bytes()
 
     parameters = list(model.parameters())
-    moments = [value for state in optimizer.state.values() for value in state.values() if value.dim() > 0]
+    torch_optimizer = scheduled(optimizer)
+    moments = [value for state in torch_optimizer.state.values() for value in state.values() if value.dim() > 0]
+    if main_weights(optimizer) is not None:
+        # The fp32 main weights are the parameters megatron's AdamW updates.
+        moments += [p for group in torch_optimizer.param_groups for p in group["params"]]
     memory = planned.memory
     result = {
         "parameters": sum(p.numel() for p in parameters),
         "accounted_parameters": memory.parameters,
-        "state_bytes": state_bytes(parameters) + state_bytes(p.grad for p in parameters) + state_bytes(moments),
+        "state_bytes": state_bytes(parameters) + state_bytes(map(gradient_of, parameters)) + state_bytes(moments),
         "accounted_state_bytes": memory.parameter_bytes + memory.gradient_bytes + memory.optimizer_bytes,
         "peak_growth_bytes": peak_growth,
         "accounted_total_bytes": memory.total,

@@ -68,7 +68,7 @@ def replica(tensor_parallel: int) -> tuple[GrpoTrainer, TrainingState]:
     source = replace(source, architecture=replace(source.architecture, tie_embeddings=True))
     model = source.build_policy()
     reference = source.build_reference(model, "initial")
-    optimizer = build_optimizer(model.parameters(), spec.trainer)
+    optimizer = build_optimizer(model, spec.trainer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 100))
     trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0, reference=reference)
     return trainer, TrainingState(model, optimizer, scheduler)

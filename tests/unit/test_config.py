@@ -295,8 +295,23 @@ def test_trainer_dtype_is_fp32_unless_bf16_is_asked_for():
     assert validate_spec({"name": "j"}).trainer.dtype == "fp32"
     spec = validate_spec({"name": "j", "trainer": {"dtype": "bf16"}})
     assert spec.trainer.dtype == "bf16" and spec.needs_cuda
-    with pytest.raises(SpecError, match=r"trainer.dtype: Input should be 'fp32' or 'bf16'"):
+    assert validate_spec({"name": "j", "trainer": {"dtype": "bf16-params"}}).needs_cuda
+    with pytest.raises(SpecError, match=r"trainer.dtype: Input should be 'fp32', 'bf16' or 'bf16-params'"):
         validate_spec({"name": "j", "trainer": {"dtype": "fp16"}})
+
+
+@pytest.mark.parametrize(
+    ("layout", "field"),
+    [
+        ({"pipeline_parallel": 2}, "trainer.pipeline_parallel"),
+        ({"data_parallel": 2, "shard_optimizer": False}, "trainer.shard_optimizer"),
+    ],
+)
+def test_bf16_parameters_refuse_what_is_not_built_naming_the_field(layout, field):
+    with pytest.raises(SpecError, match=f"trainer.dtype bf16-params: .*{field}"):
+        validate_spec({"name": "j", "trainer": {"dtype": "bf16-params", **layout}})
+    with pytest.raises(SpecError, match="placement colocated: set trainer.dtype bf16"):
+        validate_spec({"name": "j", "placement": "colocated", "trainer": {"dtype": "bf16-params"}})
 
 
 def test_a_cpu_engine_takes_one_slot():

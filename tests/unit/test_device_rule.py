@@ -73,6 +73,9 @@ def test_bf16_needs_a_cuda_slot_and_says_which_field():
     assert precision_problem(ProcessDevice(DeviceKind.CPU, (0,)), Precision.FP32) is None
     problem = precision_problem(ProcessDevice(DeviceKind.CPU, (0,)), Precision.BF16)
     assert problem is not None and "trainer.dtype" in problem and "--gpus" in problem
+    assert precision_problem(ProcessDevice(DeviceKind.CUDA, (0,)), Precision.BF16_PARAMS) is None
+    problem = precision_problem(ProcessDevice(DeviceKind.CPU, (0,)), Precision.BF16_PARAMS)
+    assert problem is not None and "trainer.dtype bf16-params" in problem and "--gpus" in problem
 
 
 # --- placement by the kind of a node's slots ---------------------------------------

@@ -134,3 +134,16 @@ def test_erl_plan_prints_the_rank_of_the_spec(capsys):
     assert main(["plan", str(SPEC), "--set", "trainer.tensor_parallel=2"]) == 0
     out = capsys.readouterr().out
     assert "TP=2" in out and "41,280" in out  # what each rank of a TP=2 replica builds (test_memory_accounting)
+
+
+def test_bf16_parameters_count_megatrons_buffers_and_shard_the_main_weights():
+    whole = plan(load_spec(SPEC, ["trainer.dtype=bf16-params"])).memory
+    assert whole.parameter_bytes == 2 * whole.parameters  # bf16
+    assert whole.gradient_bytes == 4 * whole.parameters  # megatron's fp32 gradient buffers
+    assert whole.optimizer_bytes == 12 * whole.parameters  # fp32 main weights and two moments
+    sharded = plan(load_spec(SPEC, ["trainer.dtype=bf16-params", "trainer.data_parallel=4"])).memory
+    assert sharded.optimizer_bytes == 12 * sharded.parameters // 4
+    fp32 = plan(load_spec(SPEC, ["trainer.data_parallel=4"])).memory
+    assert sharded.parameter_bytes + sharded.gradient_bytes + sharded.optimizer_bytes < (
+        fp32.parameter_bytes + fp32.gradient_bytes + fp32.optimizer_bytes
+    )

@@ -51,3 +51,11 @@ def test_bf16_is_megatrons_autocast_over_fp32_parameters():
     mixed = transformer_config(arch, 1, Precision.BF16)
     assert mixed.enable_autocast and mixed.autocast_dtype == torch.bfloat16
     assert mixed.params_dtype == torch.float32 and not mixed.bf16  # fp32 main parameters and gradients
+
+
+def test_bf16_params_is_megatrons_bf16_built_in_fp32_then_cast():
+    arch = ModelSpec().toy_architecture(64)
+    config = transformer_config(arch, 1, Precision.BF16_PARAMS)
+    # The seed draws the same fp32 weights as in fp32; megatron's Float16Module casts them, and its
+    # attention, built for bf16, takes the softmax in fp32.
+    assert config.bf16 and config.params_dtype == torch.float32 and not config.enable_autocast
