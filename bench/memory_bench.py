@@ -4,8 +4,8 @@
 
 First the accounting alone, for three Llama-architecture models (Llama 3.2 1B, Llama 3 8B, and LLaMA's
 33B shape, 32.5B parameters) at several replica layouts: the bytes one rank holds for parameters,
-gradients and optimizer state, with this trainer's precision (fp32, AdamW whole on every rank) and with
-megatron's bf16 training and distributed optimizer (not built here), and one 4096-token micro-batch's
+gradients and optimizer state, in fp32 with AdamW whole on every rank and in bf16-params (megatron's bf16
+parameters and distributed optimizer, GPU slots only), and one 4096-token micro-batch's
 activation estimate. Then, unless ``--no-measure``, the accounting against a measured step (the
 test's worker, `tests/integration/memory_worker.py`, one process each): the tiny model, a wider toy
 model and SmolLM2-135M on this machine's CPU, the growth of peak resident memory over the accounted
@@ -44,7 +44,7 @@ MEASURED = {
 
 
 def accounting_table() -> None:
-    print(f"| model | parameters | layout (TP x PP x DP) | fp32, whole AdamW | bf16, distributed optimizer | "
+    print(f"| model | parameters | layout (TP x PP x DP) | fp32, whole AdamW | bf16-params, distributed optimizer | "
           f"activations, {TOKENS} tokens (fp32) |")  # fmt: skip
     print("|---|---|---|---|---|---|")
     for name, shape in MODELS.items():
