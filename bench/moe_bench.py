@@ -66,22 +66,17 @@ def checkpoints(root: Path, name: str, hidden: int, layers: int, heads: int, exp
 
 
 def step_times(checkpoint: Path, steps: int) -> list[float]:
-    import torch
 
     from elastic_rl.model.source import ModelSource
     from elastic_rl.spec.loading import load_spec
     from elastic_rl.spec.model import ModelSpec
-    from elastic_rl.trainer.grpo import GrpoTrainer
-    from elastic_rl.trainer.optimizer import build_optimizer
     from tests.integration import data_parallel_worker as worker
-    from tests.trainer_doubles import FakeSoloQuorum
+    from tests.trainer_doubles import solo_replica
 
     spec = load_spec(REPO / "examples/tiny-grpo.yaml", worker.COMMON)
     source = ModelSource.from_spec(ModelSpec(hf_checkpoint=checkpoint))
     model = source.build_policy()
-    optimizer = build_optimizer(model, spec.trainer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0)
+    trainer, _ = solo_replica(spec, model)
     context = trainer.prepare(0, worker.rollout(len(source.tokenizer)))
     times = []
     for index in range(steps):

@@ -36,10 +36,8 @@ def rank_main(steps: int, micro_batch: int, pipeline_parallel: int) -> None:
     from elastic_rl.model.gpt import init_model_parallel
     from elastic_rl.model.source import ModelSource
     from elastic_rl.spec.loading import load_spec
-    from elastic_rl.trainer.grpo import GrpoTrainer
-    from elastic_rl.trainer.optimizer import build_optimizer
     from tests.integration import data_parallel_worker as worker
-    from tests.trainer_doubles import FakeSoloQuorum
+    from tests.trainer_doubles import solo_replica
 
     torch.set_num_threads(1)
     init_model_parallel(1, seed=7, pipeline_parallel=pipeline_parallel)
@@ -48,9 +46,7 @@ def rank_main(steps: int, micro_batch: int, pipeline_parallel: int) -> None:
         spec = load_spec(REPO / spec_path, [*worker.COMMON, *layout])
         source = ModelSource.from_spec(spec.model)
         model = source.build_policy()
-        optimizer = build_optimizer(model, spec.trainer)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-        trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0)
+        trainer, _ = solo_replica(spec, model)
         context = trainer.prepare(0, worker.rollout(source.architecture.vocab_size))
         times = []
         for index in range(steps):

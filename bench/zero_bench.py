@@ -34,10 +34,8 @@ def rank_main(steps: int) -> None:
     from elastic_rl.model.gpt import init_model_parallel
     from elastic_rl.model.source import ModelSource
     from elastic_rl.spec.loading import load_spec
-    from elastic_rl.trainer.grpo import GrpoTrainer
-    from elastic_rl.trainer.optimizer import build_optimizer, local_optimizer
     from tests.integration import data_parallel_worker as worker
-    from tests.trainer_doubles import FakeSoloQuorum
+    from tests.trainer_doubles import solo_replica
 
     torch.set_num_threads(1)
     init_model_parallel(1, seed=7)
@@ -52,9 +50,7 @@ def rank_main(steps: int) -> None:
             )
             source = ModelSource.from_spec(spec.model)
             model = source.build_policy()
-            optimizer = build_optimizer(model, spec.trainer)
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-            trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0)
+            trainer, state = solo_replica(spec, model)
             context = trainer.prepare(0, worker.rollout(source.architecture.vocab_size))
             for index in range(steps):
                 torch.distributed.barrier()
@@ -62,8 +58,8 @@ def rank_main(steps: int) -> None:
                 trainer.step(context, index % worker.STEPS)
                 if index > 0:  # the first step makes AdamW's state
                     times[shard].append(time.perf_counter() - started)
-            state = local_optimizer(optimizer).state.values()
-            held[shard] = sum(t.numel() * t.element_size() for s in state for t in s.values() if t.dim() > 0)
+            moments = state.optimizer.state.values()
+            held[shard] = sum(t.numel() * t.element_size() for s in moments for t in s.values() if t.dim() > 0)
         if rank == 0:
             sharded, whole = statistics.median(times[True]), statistics.median(times[False])
             print(

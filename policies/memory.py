@@ -9,7 +9,7 @@ embedding and the last the output layer, both with tied embeddings. The rank acc
 that holds the most, activations included.
 
 Bytes per parameter come from the ``Precision`` the trainer uses: fp32 parameters, fp32 gradients and
-AdamW's two fp32 moments (16 bytes a parameter, whatever ``trainer.dtype``: bf16 is autocast over fp32
+AdamW's two fp32 moments (16 bytes a parameter in fp32 and bf16, which is autocast over fp32
 parameters), the moments whole on every rank or sharded over the replica's data-parallel ranks (an even
 split: torch's ZeroRedundancyOptimizer splits by whole tensors, so a rank may hold one tensor's moments
 more). ``MEGATRON_BF16`` is ``trainer.dtype: bf16-params``, megatron's bf16 training with its

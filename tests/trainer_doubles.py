@@ -1,11 +1,16 @@
-"""What tests and benchmarks of the trainer's step give it in place of a job: a quorum of one replica, and
-synthetic rollout batches."""
+"""What tests and benchmarks of the trainer's step give it in place of a job: a quorum of one replica, a
+replica built on it, and synthetic rollout batches."""
 
 from __future__ import annotations
 
 import torch
 
 from checkpoints.rollout_log import RolloutBatch, response_mask
+from checkpoints.snapshot import TrainingState
+from elastic_rl.spec.job import JobSpec
+from elastic_rl.trainer.grpo import GrpoTrainer
+from elastic_rl.trainer.lr_schedule import lr_lambda
+from elastic_rl.trainer.optimizer import build_optimizer, local_optimizer, main_weights, scheduled
 
 
 class _Done:
@@ -43,6 +48,17 @@ class FakeSoloQuorum:
     def should_commit(self) -> bool:
         self.step += 1
         return True
+
+
+def solo_replica(
+    spec: JobSpec, model: torch.nn.Module, reference: torch.nn.Module | None = None
+) -> tuple[GrpoTrainer, TrainingState]:
+    """``model``'s trainer under ``FakeSoloQuorum`` and the state a snapshot takes, built as a job's replica
+    builds them: the spec's optimizer and its learning-rate schedule (over 100 steps)."""
+    optimizer = build_optimizer(model, spec.trainer)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(scheduled(optimizer), lr_lambda(spec, 100))
+    trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0, reference=reference)
+    return trainer, TrainingState(model, local_optimizer(optimizer), scheduler, main_weights(optimizer))
 
 
 def rollout_batch(

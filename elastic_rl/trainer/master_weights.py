@@ -40,7 +40,6 @@ class MasterWeights:
     """megatron's distributed optimizer over one rank's bf16 model, as the trainer's optimizer."""
 
     def __init__(self, model: torch.nn.Module, trainer: TrainerSpec):
-        self.model = model
         config = model.config  # built for bf16-params: megatron's bf16, over fp32 parameters until cast
         self.wrapped = DistributedDataParallel(
             config,

@@ -7,8 +7,9 @@ The ranks form one replica of WORLD_SIZE data-parallel ranks, under ``FakeSoloQu
 trains the data-parallel test's synthetic rollout from the same seeded weights twice, in fp32 (AdamW whole
 on each rank) and in bf16-params. Then the bf16-params state is snapshotted and loaded into a fresh
 bf16-params replica and into an fp32 one, and handed to a third through the heal transport (rank to rank);
-the live replica and the two bf16-params copies take one more step. Each rank writes what the test
-compares.
+the live replica and the two bf16-params copies take one more step. Last, the live replica's next step
+has NaN logits on its first try (the chaos harness's injection): the guard skips it, and the step retried
+gives the resumed copy's weights bitwise. Each rank writes what the test compares.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl.model.gpt import init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.spec.loading import load_spec
-from elastic_rl.trainer.grpo import GrpoTrainer
+from elastic_rl.trainer.grpo import GrpoTrainer, NonFiniteStep
 from elastic_rl.trainer.heal_transport import LoopbackTransport
-from elastic_rl.trainer.lr_schedule import lr_lambda
-from elastic_rl.trainer.optimizer import build_optimizer, main_weights, scheduled, take_scheduled_rates
+from elastic_rl.trainer.nan_injection import NanFault, NanInjector
+from elastic_rl.trainer.optimizer import take_scheduled_rates
 from policies.devices import Precision
 from tests.integration.data_parallel_worker import COMMON, STEPS, rollout, train
 from tests.processes import SPEC
-from tests.trainer_doubles import FakeSoloQuorum
+from tests.trainer_doubles import solo_replica
 
 
 def replica(dtype: str, initial: dict | None = None) -> tuple[GrpoTrainer, TrainingState]:
@@ -43,10 +44,7 @@ def replica(dtype: str, initial: dict | None = None) -> tuple[GrpoTrainer, Train
     model = ModelSource.from_spec(spec.model).build_policy(Precision(dtype), "cuda")
     if initial is not None:
         model.load_state_dict(initial)
-    optimizer = build_optimizer(model, spec.trainer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(scheduled(optimizer), lr_lambda(spec, 100))
-    trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0)
-    return trainer, TrainingState(model, optimizer, scheduler, main_weights(optimizer))
+    return solo_replica(spec, model)
 
 
 def weights(state: TrainingState) -> dict[str, torch.Tensor]:
@@ -140,6 +138,21 @@ def main() -> None:
     result["healed_step_bitwise"] = bitwise(list(weights(healed_state).values()), after)
     result["parameters_after_resumed_step_bitwise"] = bitwise(
         list(resumed.model.parameters()), list(bf16.model.parameters())
+    )
+
+    # A NaN in one try of the next step (the rollout's first again): skipped, and nothing of it left in the
+    # buffers or the main weights.
+    NanInjector(NanFault(frozenset([bf16.manager.current_step()]), replica=None, attempts=1)).install(bf16)
+    try:
+        train(bf16, batch, range(1))
+        result["nan_step_skipped"] = False
+    except NonFiniteStep:
+        result["nan_step_skipped"] = True
+    result["nan_step_left_weights"] = bitwise(list(weights(bf16_state).values()), after)
+    for trainer in (bf16, resumed):
+        train(trainer, batch, range(1))
+    result["step_after_nan_bitwise"] = bitwise(
+        list(weights(bf16_state).values()), list(weights(resumed_state).values())
     )
     (out / f"result.{torch.distributed.get_rank()}.json").write_bytes(orjson.dumps(result))
 

@@ -1,6 +1,7 @@
 """bf16 parameters with fp32 main weights (``trainer.dtype: bf16-params``: megatron's Float16Module,
 DistributedDataParallel and DistributedOptimizer) on one GPU: training follows fp32's, and a snapshot and a
-heal carry the main weights and moments exactly, a snapshot into an fp32 replica too."""
+heal carry the main weights and moments exactly, a snapshot into an fp32 replica too; the NaN guard skips
+a poisoned step and leaves nothing of it behind."""
 
 from __future__ import annotations
 
@@ -36,5 +37,8 @@ def test_bf16_parameters_train_like_fp32_and_their_main_weights_survive_a_snapsh
         "resumed_step_bitwise",
         "healed_step_bitwise",
         "parameters_after_resumed_step_bitwise",
+        "nan_step_skipped",
+        "nan_step_left_weights",
+        "step_after_nan_bitwise",
     ):
         assert result[exact], (exact, result)

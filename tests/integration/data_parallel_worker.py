@@ -28,10 +28,8 @@ from elastic_rl.model.gpt import init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.spec.loading import load_spec
 from elastic_rl.trainer.grpo import GrpoTrainer
-from elastic_rl.trainer.lr_schedule import lr_lambda
-from elastic_rl.trainer.optimizer import build_optimizer, local_optimizer
 from tests.processes import SPEC
-from tests.trainer_doubles import FakeSoloQuorum, rollout_batch
+from tests.trainer_doubles import rollout_batch, solo_replica
 
 SAMPLES, WIDTH, STEPS = 32, 24, 4
 COMMON = [
@@ -59,10 +57,7 @@ def replica(
     model = ModelSource.from_spec(spec.model).build_policy()
     if initial is not None:
         model.load_state_dict(initial)
-    optimizer = build_optimizer(model, spec.trainer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 100))
-    trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0)
-    return trainer, TrainingState(model, local_optimizer(optimizer), scheduler)
+    return solo_replica(spec, model)
 
 
 def train(trainer: GrpoTrainer, batch: RolloutBatch, steps: range) -> None:

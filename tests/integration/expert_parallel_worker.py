@@ -32,11 +32,9 @@ from elastic_rl.model.megatron_state import full_state_dict
 from elastic_rl.model.source import ModelSource
 from elastic_rl.spec.loading import load_spec
 from elastic_rl.trainer.grpo import GrpoTrainer
-from elastic_rl.trainer.lr_schedule import lr_lambda
-from elastic_rl.trainer.optimizer import build_optimizer, local_optimizer
 from tests.integration.data_parallel_worker import COMMON, STEPS, rollout, train
 from tests.integration.pretrained_worker import export_with_logits
-from tests.trainer_doubles import FakeSoloQuorum
+from tests.trainer_doubles import solo_replica
 
 SEED = 7
 
@@ -58,10 +56,7 @@ def replica(spec_path: Path, expert_parallel: int) -> tuple[GrpoTrainer, Trainin
     ]
     spec = load_spec(spec_path, overrides)
     model = ModelSource.from_spec(spec.model).build_policy()
-    optimizer = build_optimizer(model, spec.trainer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 100))
-    trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0)
-    return trainer, TrainingState(model, local_optimizer(optimizer), scheduler)
+    return solo_replica(spec, model)
 
 
 def largest_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

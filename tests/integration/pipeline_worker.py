@@ -36,12 +36,10 @@ from elastic_rl.model.megatron_state import full_state_dict
 from elastic_rl.model.source import ModelSource
 from elastic_rl.spec.loading import load_spec
 from elastic_rl.trainer.grpo import GrpoTrainer
-from elastic_rl.trainer.lr_schedule import lr_lambda
-from elastic_rl.trainer.optimizer import build_optimizer
 from policies.memory import Layout, stage_parameters
 from tests.integration.data_parallel_worker import rollout
 from tests.processes import SPEC
-from tests.trainer_doubles import FakeSoloQuorum
+from tests.trainer_doubles import solo_replica
 
 STEPS = 3
 SETTINGS = [
@@ -68,10 +66,7 @@ def replica(tensor_parallel: int) -> tuple[GrpoTrainer, TrainingState]:
     source = replace(source, architecture=replace(source.architecture, tie_embeddings=True))
     model = source.build_policy()
     reference = source.build_reference(model, "initial")
-    optimizer = build_optimizer(model, spec.trainer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 100))
-    trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0, reference=reference)
-    return trainer, TrainingState(model, optimizer, scheduler)
+    return solo_replica(spec, model, reference)
 
 
 def largest_gaps(a: TrainingState, b: TrainingState) -> dict[str, float]:

@@ -234,6 +234,8 @@ def test_a_mixture_of_experts_trains_at_tp1_and_only_it_takes_a_load_balancing_l
         validate_spec({"name": "j", "model": mixture, "trainer": {"tensor_parallel": 2}})
     with pytest.raises(SpecError, match="trainer.moe_aux_loss_coef in pipeline stages is not built"):
         validate_spec({"name": "j", "model": mixture, "trainer": {"moe_aux_loss_coef": 0.01, "pipeline_parallel": 2}})
+    with pytest.raises(SpecError, match="trainer.dtype bf16-params is built for dense models"):
+        validate_spec({"name": "j", "model": mixture, "trainer": {"dtype": "bf16-params"}})
     dense = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "dense"))}
     for model in (dense, {}):  # a dense checkpoint, and the toy model
         with pytest.raises(SpecError, match="trainer.moe_aux_loss_coef applies to a mixture of experts only"):
