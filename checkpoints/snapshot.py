@@ -101,7 +101,7 @@ def _local_entries(
     state: TrainingState, step: int, last_rollout: int, wholes: dict | None = None
 ) -> dict[str, tuple[torch.Tensor, int | None]]:
     """Every value of a snapshot as (tensor aliasing the live one, placement); None: a plain tensor.
-    With main weights, their whole tensors are fresh ones, noted in ``wholes`` by parameter."""
+    With main weights, their whole tensors are noted in ``wholes`` by parameter, for a load to give back."""
     entries: dict[str, tuple[torch.Tensor, int | None]] = {
         "meta.step": (torch.tensor(step), None),
         "meta.last_rollout": (torch.tensor(last_rollout), None),

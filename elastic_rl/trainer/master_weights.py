@@ -16,9 +16,9 @@ all-reduce leaves every rank the whole sum, which the NaN guard and the norm rea
 paths, at twice a reduce-scatter's traffic inside the replica.
 
 Snapshots take each parameter's whole fp32 main weight and moments under the names an fp32 run saves
-(each data-parallel rank fills its range, an all-reduce the rest), so a snapshot loads at any dtype and
-data-parallel size. A heal goes rank to rank between replicas of one layout and carries each rank's
-shards as they are.
+(each data-parallel rank fills its range, an all-reduce the rest; at DP=1 the live tensors themselves), so
+a snapshot loads at any dtype and data-parallel size. A heal goes rank to rank between replicas of one
+layout and carries each rank's shards as they are.
 """
 
 from __future__ import annotations
@@ -117,9 +117,18 @@ class MasterWeights:
     @torch.no_grad()
     def whole(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:
         """``param``'s fp32 main weight and, once there are any, AdamW's moments and step, whole (every
-        data-parallel rank takes part, for every parameter in the same order)."""
+        data-parallel rank takes part, for every parameter in the same order). At one data-parallel rank,
+        views of the live tensors, as an fp32 snapshot takes them; across several, gathered copies in CPU
+        memory, so that a snapshot in flight holds no second copy of the state on the device."""
         moments = self.has_moments()
         keys = WHOLE_KEYS if moments else WHOLE_KEYS[:1]
+        if parallel_state.get_data_parallel_world_size() == 1:
+            main, _ = self.shards[param]  # the one rank holds every range
+            state = self.optimizer.state.get(main, {})
+            whole = {key: (main if key == "weight" else state[key]).view_as(param) for key in keys}
+            if moments:
+                whole["step"] = state["step"]
+            return whole
         size = param.numel()
         # Each key's whole tensor, then the sum of the step counters of the ranks holding a range, and
         # how many do: one all-reduce.
@@ -131,11 +140,11 @@ class MasterWeights:
                 values[row * size : (row + 1) * size][owned] = main if key == "weight" else state[key]
             values[-2] = state["step"] if moments else 0.0
             values[-1] = 1.0
-        if parallel_state.get_data_parallel_world_size() > 1:
-            torch.distributed.all_reduce(values, group=parallel_state.get_data_parallel_group())
+        torch.distributed.all_reduce(values, group=parallel_state.get_data_parallel_group())
+        values = values.cpu()
         whole = {key: values[row * size : (row + 1) * size].view_as(param) for row, key in enumerate(keys)}
         if moments:
-            whole["step"] = (values[-2] / values[-1]).cpu()
+            whole["step"] = values[-2] / values[-1]
         return whole
 
     def ensure_moments(self) -> None:
