@@ -24,7 +24,7 @@ import orjson
 from chaos.faults import NoTarget
 from chaos.invariants import check_run
 from chaos.report import ScenarioResult, analyse_faults, write_report
-from chaos.runner import JobRun, Moment, generating, run_job, training
+from chaos.runner import JobRun, Moment, generating, run_job, streamed, training
 from chaos.scenario import At, ChaosScenario, During, FaultKind
 from chaos.topology import REPO, Topology
 from checkpoints import layout
@@ -54,7 +54,7 @@ def reference_key(scenario: ChaosScenario) -> str:
 
 def moment_of(at: At, rng: random.Random) -> Moment:
     if at.during is During.GENERATION:
-        return generating(at.rollout)
+        return generating(at.rollout) if at.tokens is None else streamed(at.rollout, at.tokens)
     if at.during is During.TRAINING:
         return training(at.rollout)
     if at.rollout is not None:
@@ -160,8 +160,11 @@ def run_scenario(scenario: ChaosScenario, out: Path, cache: Path | None = None) 
         write_report(result, None, reference)
         return result
     checks = check_run(workdir, reference, run.status, scenario.weights_tolerance, scenario.nothing_redone)
+    scheduled = sum(fault.kind is not FaultKind.NAN for fault in scenario.faults)
+    # A fault whose moment went by unseen (the job ended first) tested nothing.
+    missed = "" if len(run.injections) == scheduled else f"{scheduled - len(run.injections)} fault(s) never fired"
     result = ScenarioResult(
-        scenario, checks, analyse_faults(run, workdir, reference), reference_wall, wall_time(workdir), out
+        scenario, checks, analyse_faults(run, workdir, reference), reference_wall, wall_time(workdir), out, missed
     )
     write_report(result, workdir, reference)
     return result

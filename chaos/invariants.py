@@ -24,6 +24,14 @@ the same spec and returns one ``Check`` per invariant:
 9. after a drain that met its deadline, nothing redone: no replica resumed from a
    snapshot behind the published weights (its replay would train rollouts again),
    no process crashed or was restarted, and no group was taken at the deadline.
+10. every token from a weight version its rollout allows: each segment of each
+   sample (the tokens one request made) from the version the rollout was
+   generated with, or one within the staleness bound behind the rollout; the
+   batch records each sample's first segment's version; the orchestrator saw no
+   mismatch either (``policies.determinism``).
+11. where deterministic mode promises it (cpu engines, an fp32 trainer), the
+   trainer's log probs of every rollout are the engines' within
+   ``LOGPROB_GAP_BOUND``, and the orchestrator reported no rollout past it.
 
 The run must keep its whole rollout log and every snapshot (the harness sets
 ``checkpoints.keep_last`` high).
@@ -44,6 +52,7 @@ from checkpoints.manifest import read_manifest
 from checkpoints.rollout_log import BATCH_FILE
 from elastic_rl.engines import token_ledger
 from elastic_rl.spec.job import JobSpec
+from policies.determinism import LOGPROB_GAP_BOUND, logprob_gap_exceeded, versions_out_of_bounds
 
 
 @dataclass(frozen=True)
@@ -201,6 +210,37 @@ def check_staleness(run: Path, spec: JobSpec) -> Check:
     return Check("no sample staler than the bound", True, f"every sample at most {bound} version(s) behind")
 
 
+def check_segment_versions(run: Path, spec: JobSpec, events: list[dict]) -> Check:
+    name = "every token from a weight version its rollout allows"
+    wrong = []
+    for rollout_id in layout.committed_rollouts(run):
+        batch, meta = _rollout(run, rollout_id)
+        versions = [[segment["version"] for segment in sample["segments"]] for sample in meta["samples"]]
+        served = int(meta["metrics"]["rollout/weight_version"])
+        bad = versions_out_of_bounds(versions, served, spec.rollout.oldest_allowed(rollout_id, served))
+        recorded = batch["weight_versions"].tolist()
+        bad += [i for i, segments in enumerate(versions) if segments and recorded[i] != segments[0]]
+        wrong += [(rollout_id, index, versions[index]) for index in sorted(set(bad))]
+    reported = [e["rollout"] for e in events if e["kind"] == "weight_version_mismatch"]
+    if wrong or reported:
+        return Check(name, False, f"(rollout, sample, segment versions): {wrong[:5]}; reported in rollouts {reported}")
+    return Check(name, True, "every segment of every sample from an allowed version, as its batch records")
+
+
+def check_logprob_gap(run: Path, spec: JobSpec, events: list[dict]) -> Check:
+    name = "the trainer's log probs are the engines'"
+    if not spec.promises_equal_logprobs:
+        return Check(name, True, "not promised (deterministic mode with cpu engines and an fp32 trainer only)")
+    lines = layout.read_lines(layout.metrics_lines_path(run))
+    gaps = [(line["rollout"], line.get("train/logprob_abs_diff_max")) for line in lines]
+    past = [(rollout_id, gap) for rollout_id, gap in gaps if logprob_gap_exceeded(gap, promised=True)]
+    reported = [e["rollout"] for e in events if e["kind"] == "logprob_gap_exceeded"]
+    if past or reported:
+        return Check(name, False, f"(rollout, gap) past {LOGPROB_GAP_BOUND:g}: {past[:5]}; reported in {reported}")
+    largest = max((gap for _, gap in gaps if gap is not None), default=0.0)
+    return Check(name, True, f"largest gap {largest:.2e} (bound {LOGPROB_GAP_BOUND:g})")
+
+
 ORCHESTRATOR_DEATH_SLACK = 2.0
 """A dead orchestrator's successor regenerates what arrived after the last persist, plus what the engines
 made before they saw its requests go: up to about twice a persist interval's worth."""
@@ -278,4 +318,6 @@ def check_run(
         check_weights(run, reference, spec, tolerance),
         check_staleness(run, spec),
         check_tokens_once(run, reference, spec, events),
+        check_segment_versions(run, spec, events),
+        check_logprob_gap(run, spec, events),
     ]

@@ -22,7 +22,7 @@ from chaos.erl_cli import erl, job_status
 from chaos.faults import Injection, NoTarget, inject
 from chaos.scenario import Fault
 from chaos.topology import Topology
-from checkpoints import layout
+from checkpoints import inflight_log, layout
 from elastic_rl.spec.loading import load_spec
 
 Moment = int | float | Callable[[Path], bool]
@@ -57,6 +57,18 @@ def logged(proc: str, text: str) -> Callable[[Path], bool]:
 def generating(rollout_id: int) -> Callable[[Path], bool]:
     """A moment: the orchestrator has begun generating rollout ``rollout_id``."""
     return logged("orchestrator", f"rollout {rollout_id}: generating with weights")
+
+
+def streamed(rollout_id: int, tokens: int) -> Callable[[Path], bool]:
+    """A moment: rollout ``rollout_id``'s samples have streamed ``tokens`` tokens in all (its in-flight log
+    holds them), and some are still generating."""
+
+    def moment(workdir: Path) -> bool:
+        samples = inflight_log.read(workdir, rollout_id)
+        made = sum(len(sample.output_ids) for sample in samples.values())
+        return made >= tokens and any(sample.status is None for sample in samples.values())
+
+    return moment
 
 
 CLOSE_LOOK_S = 0.005

@@ -77,6 +77,9 @@ class At(Scenario):
     during: During | None = None
     """With rollout N: instead, while rollout N is generated (the orchestrator has begun it) or trained
     (committed, its training not yet published): for a colocated job, which of the two turns it hits."""
+    tokens: int | None = Field(None, ge=1)
+    """With during: generation: once the rollout's samples have streamed this many tokens in all (its
+    in-flight log holds them) and some are still generating, so a fault lands that far into it."""
     seconds: float | None = Field(None, ge=0)
     """This long after the job started."""
     between: tuple[int, int] | None = None
@@ -88,6 +91,8 @@ class At(Scenario):
             raise ValueError("give exactly one of rollout, seconds or between")
         if self.during is not None and self.rollout is None:
             raise ValueError("during names a phase of one rollout: give it with rollout")
+        if self.tokens is not None and self.during is not During.GENERATION:
+            raise ValueError("tokens counts a rollout's generation: give it with during: generation")
         return self
 
 

@@ -357,7 +357,7 @@ class CpuEngine:
             batch = list(self.running)
             self.stepping = True
             try:
-                await asyncio.to_thread(self._step, batch)
+                chosen = await asyncio.to_thread(self._step, batch)
             except Exception as exc:  # a failed step fails its requests, not the server
                 log.exception("decode step failed")
                 self.decoder.drop(batch)
@@ -366,6 +366,8 @@ class CpuEngine:
                     if not request.done.done():
                         request.done.set_exception(exc)
                         request.advanced.set()
+            else:
+                self._append(chosen)
             finally:
                 self.stepping = False
             for request in batch:
@@ -379,15 +381,23 @@ class CpuEngine:
             self.running.append(self.waiting.popleft())
 
     @torch.inference_mode()
-    def _step(self, batch: list[GenerationRequest]) -> None:
+    def _step(self, batch: list[GenerationRequest]) -> list[tuple[GenerationRequest, int, float]]:
+        """One forward over the batch, in a worker thread: the token and log prob each request draws.
+        It reads the requests and changes none of them: the event loop, which streams them meanwhile,
+        is the only writer (``_append``), so a chunk never sees a token without its log prob."""
+        chosen = []
         for request, logits in self.decoder.step(batch).items():
             seed = request.params.seed
             # A seeded token depends on (seed, position) alone, so a continuation elsewhere draws the same.
             generator = self._unseeded if seed is None else position_generator(seed, len(request.token_ids()) - 1)
-            token, logprob = choose_next_token(logits, request.params, generator)
+            chosen.append((request, *choose_next_token(logits, request.params, generator)))
+        return chosen
+
+    def _append(self, chosen: list[tuple[GenerationRequest, int, float]]) -> None:
+        for request, token, logprob in chosen:
             request.output_ids.append(token)
             request.logprobs.append(logprob)
-            self.generated_tokens += 1
+        self.generated_tokens += len(chosen)
 
     def _stop_reason(self, request: GenerationRequest) -> dict[str, Any] | None:
         token = request.output_ids[-1]

@@ -6,8 +6,12 @@ SGLang streams server-sent events: a ``data: <json>`` line per chunk, then
 its fix of March 2026, the log probs still whole). In both, a chunk's
 ``meta_info.completion_tokens`` counts every token so far, so the new tokens
 are the last ``completion_tokens - received`` of its ``output_ids`` and log
-probs: ``Received.add`` reads either kind the same way. What has arrived is
-kept when the stream breaks: the caller continues the request from it.
+probs: ``Received.add`` reads either kind the same way. A chunk must hold
+exactly the new tokens or exactly every token so far (and its log probs
+likewise): one that holds another count is not what the engine generated,
+and breaks the stream rather than shift the sample's tokens. What has
+arrived is kept when the stream breaks: the caller continues the request
+from it.
 """
 
 from __future__ import annotations
@@ -37,16 +41,18 @@ class Received:
 
     def add(self, chunk: dict[str, Any]) -> int:
         """Take one chunk; returns how many tokens it added. Raises EngineError for an error chunk or one
-        that does not add up (fewer tokens than it claims)."""
+        that does not add up: its tokens or log probs neither the new ones nor all so far."""
         if "error" in chunk:
             raise EngineError(f"the engine failed the request mid-stream: {chunk['error']}")
         meta = chunk["meta_info"]
-        new = meta["completion_tokens"] - len(self.output_ids)
+        total = meta["completion_tokens"]
+        new = total - len(self.output_ids)
         entries = meta.get("output_token_logprobs")
-        if new > len(chunk["output_ids"]) or (entries is not None and new > len(entries)):
+        held = [len(chunk["output_ids"])] + ([] if entries is None else [len(entries)])
+        if new < 0 or any(count not in (new, total) for count in held):
             raise EngineError(
-                f"a streamed chunk counts {meta['completion_tokens']} tokens, {len(self.output_ids)} received "
-                f"before, but holds {len(chunk['output_ids'])}"
+                f"a streamed chunk counts {total} tokens, {len(self.output_ids)} received before, but holds "
+                f"{held[0]} token(s)" + ("" if entries is None else f" and {held[-1]} log prob(s)")
             )
         if new > 0:
             self.output_ids += chunk["output_ids"][-new:]

@@ -57,6 +57,7 @@ from elastic_rl.rollout.rollout_function import RolloutFunction
 from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GroupSampler
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
+from policies.determinism import LOGPROB_GAP_BOUND, logprob_gap_exceeded, versions_out_of_bounds
 from policies.exits import EXIT_DRAINED, EXIT_GAVE_UP
 
 log = logging.getLogger("elastic_rl.orchestrator")
@@ -250,6 +251,7 @@ class Orchestrator:
             filler = self.rollout_function or self.sampler
             filled = await filler.fill(rollout_id, self.engine_version)
             batch = to_batch(filled.groups, pad_token_id(self.tokenizer))
+        await self._check_versions(rollout_id, filled)
         if filled.function_failures:
             await self.progress.event(
                 "rollout_function_failed",
@@ -292,6 +294,23 @@ class Orchestrator:
             )
         return batch, filled
 
+    async def _check_versions(self, rollout_id: int, filled: Filled) -> None:
+        """Every sample's segments from a version the rollout allows (``policies.determinism``); an event
+        names those that are not."""
+        served = self.engine_version or 0
+        versions = [
+            [segment.version for segment in sample.segments] for group in filled.groups for sample in group.samples
+        ]
+        wrong = versions_out_of_bounds(versions, served, self.spec.rollout.oldest_allowed(rollout_id, served))
+        if wrong:
+            await self.progress.event(
+                "weight_version_mismatch",
+                f"{len(wrong)} sample(s) of rollout {rollout_id} hold tokens of a weight version other than "
+                f"{served} and not within rollout.max_staleness of it",
+                rollout=rollout_id,
+                samples=[[index, versions[index]] for index in wrong[:20]],
+            )
+
     def recorded_point(self) -> int:
         """The first rollout without a line in metrics.jsonl; a partial last line (a crash mid-append) is dropped."""
         path = layout.metrics_lines_path(self.workdir)
@@ -319,6 +338,15 @@ class Orchestrator:
         trained = orjson.loads(metrics_file.read_bytes()) if metrics_file.is_file() else {}
         _, meta = read_rollout(self.workdir, rollout_id)
         line = {"rollout": rollout_id, "time": time.time(), **meta["metrics"], **trained}
+        gap = trained.get("train/logprob_abs_diff_max")
+        if logprob_gap_exceeded(gap, promised=self.spec.promises_equal_logprobs):
+            await self.progress.event(
+                "logprob_gap_exceeded",
+                f"the trainer's log probs of rollout {rollout_id} differ from the engines' by up to {gap:.3g}, "
+                f"past deterministic mode's {LOGPROB_GAP_BOUND:g}: some tokens were not the trained policy's",
+                rollout=rollout_id,
+                gap=gap,
+            )
         if self.handover is not None:
             line.update(self.handover.slot_memory(self.workdir, rollout_id))
         if rollout_id in self.commit_times:

@@ -302,5 +302,12 @@ class JobSpec(Component):
         return self.engines.kind == "sglang" or self.trainer.dtype != "fp32"
 
     @property
+    def promises_equal_logprobs(self) -> bool:
+        """Whether the trainer's log probs of a rollout equal the engine's to rounding
+        (``policies.determinism``): deterministic mode, with cpu engines and an fp32 trainer, both computing
+        in fp32."""
+        return self.rollout.deterministic and not self.needs_cuda
+
+    @property
     def resolved_workdir(self) -> Path:
         return self.workdir if self.workdir is not None else Path("runs") / self.name

@@ -51,6 +51,12 @@ def test_an_error_chunk_or_one_that_does_not_add_up_breaks_the_stream():
         received.add({"error": {"message": "decode failed"}})
     with pytest.raises(EngineError, match="counts 5 tokens"):
         received.add(chunk([3], 5))
+    # More than it counts: an engine's chunk read while its step appended a token. Taking its last
+    # tokens would drop token 3 and shift every token after it against its log prob.
+    with pytest.raises(EngineError, match="counts 3 tokens"):
+        received.add(chunk([3, 4], 3))
+    with pytest.raises(EngineError, match="counts 3 tokens"):
+        received.add({**chunk([3], 3), "output_ids": [3, 4]})
     assert received.output_ids == [1, 2] and not received.finished
     assert event_data(b"data: [DONE]\n") is None and event_data(b": keep-alive\n") is None
     assert event_data(b'data: {"a": 1}\n') == {"a": 1}
