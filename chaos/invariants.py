@@ -30,8 +30,9 @@ the same spec and returns one ``Check`` per invariant:
    batch records each sample's first segment's version; the orchestrator saw no
    mismatch either (``policies.determinism``).
 11. where deterministic mode promises it (cpu engines, an fp32 trainer), the
-   trainer's log probs of every rollout are the engines' within
-   ``LOGPROB_GAP_BOUND``, and the orchestrator reported no rollout past it.
+   trainer's log probs of every rollout's samples of the weights it held are
+   the engines' within ``LOGPROB_GAP_BOUND``, and the orchestrator reported no
+   rollout past it.
 
 The run must keep its whole rollout log and every snapshot (the harness sets
 ``checkpoints.keep_last`` high).
@@ -52,7 +53,7 @@ from checkpoints.manifest import read_manifest
 from checkpoints.rollout_log import BATCH_FILE
 from elastic_rl.engines import token_ledger
 from elastic_rl.spec.job import JobSpec
-from policies.determinism import LOGPROB_GAP_BOUND, logprob_gap_exceeded, versions_out_of_bounds
+from policies.determinism import LOGPROB_GAP_BOUND, ON_POLICY_GAP, logprob_gap_exceeded, versions_out_of_bounds
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,7 @@ def check_logprob_gap(run: Path, spec: JobSpec, events: list[dict]) -> Check:
     if not spec.promises_equal_logprobs:
         return Check(name, True, "not promised (deterministic mode with cpu engines and an fp32 trainer only)")
     lines = layout.read_lines(layout.metrics_lines_path(run))
-    gaps = [(line["rollout"], line.get("train/logprob_abs_diff_max")) for line in lines]
+    gaps = [(line["rollout"], line.get(ON_POLICY_GAP)) for line in lines]
     past = [(rollout_id, gap) for rollout_id, gap in gaps if logprob_gap_exceeded(gap, promised=True)]
     reported = [e["rollout"] for e in events if e["kind"] == "logprob_gap_exceeded"]
     if past or reported:

@@ -6,15 +6,18 @@ to each rollout it commits and each rollout the trainers apply, the chaos report
   staleness bound behind the rollout (a buffered or partially generated group). In sync mode without a
   buffer that is the rollout's own version and nothing else.
 - **Log probs.** Where the engine and the trainer compute the same thing the same way (deterministic
-  mode, cpu engines, an fp32 trainer), the trainer's log prob of every response token is the engine's
-  within ``LOGPROB_GAP_BOUND``. A larger gap means some token was not produced by the policy the
-  trainer holds.
+  mode, cpu engines, an fp32 trainer), the trainer's log prob of every response token of a sample the
+  weights it holds generated is the engine's within ``LOGPROB_GAP_BOUND`` (``ON_POLICY_GAP``, the
+  trainer's metric of those samples; the samples of earlier weights, buffered or in async mode, differ
+  by design). A larger gap means some token was not produced by the policy the trainer holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+ON_POLICY_GAP = "train/on_policy_logprob_abs_diff_max"
+"""The trainer's metric the bound applies to: the largest gap over the samples its weights generated."""
 LOGPROB_GAP_BOUND = 1e-5
 """Largest |trainer - engine| log prob of a response token that deterministic mode allows on cpu
 engines with an fp32 trainer: their sums run in different orders, so they agree to rounding, not bitwise."""

@@ -57,7 +57,7 @@ from elastic_rl.rollout.rollout_function import RolloutFunction
 from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GroupSampler
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
-from policies.determinism import LOGPROB_GAP_BOUND, logprob_gap_exceeded, versions_out_of_bounds
+from policies.determinism import LOGPROB_GAP_BOUND, ON_POLICY_GAP, logprob_gap_exceeded, versions_out_of_bounds
 from policies.exits import EXIT_DRAINED, EXIT_GAVE_UP
 
 log = logging.getLogger("elastic_rl.orchestrator")
@@ -338,12 +338,13 @@ class Orchestrator:
         trained = orjson.loads(metrics_file.read_bytes()) if metrics_file.is_file() else {}
         _, meta = read_rollout(self.workdir, rollout_id)
         line = {"rollout": rollout_id, "time": time.time(), **meta["metrics"], **trained}
-        gap = trained.get("train/logprob_abs_diff_max")
+        gap = trained.get(ON_POLICY_GAP)
         if logprob_gap_exceeded(gap, promised=self.spec.promises_equal_logprobs):
             await self.progress.event(
                 "logprob_gap_exceeded",
-                f"the trainer's log probs of rollout {rollout_id} differ from the engines' by up to {gap:.3g}, "
-                f"past deterministic mode's {LOGPROB_GAP_BOUND:g}: some tokens were not the trained policy's",
+                f"the trainer's log probs of rollout {rollout_id}'s samples of its weights differ from the engines' "
+                f"by up to {gap:.3g}, past deterministic mode's {LOGPROB_GAP_BOUND:g}: some tokens were not the "
+                "trained policy's",
                 rollout=rollout_id,
                 gap=gap,
             )

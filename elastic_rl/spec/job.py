@@ -305,8 +305,8 @@ class JobSpec(Component):
     def promises_equal_logprobs(self) -> bool:
         """Whether the trainer's log probs of a rollout equal the engine's to rounding
         (``policies.determinism``): deterministic mode, with cpu engines and an fp32 trainer, both computing
-        in fp32."""
-        return self.rollout.deterministic and not self.needs_cuda
+        in fp32, on rollouts the job generated (not another job's, replayed by debug.train_only)."""
+        return self.rollout.deterministic and not self.needs_cuda and self.debug.train_only is None
 
     @property
     def resolved_workdir(self) -> Path:

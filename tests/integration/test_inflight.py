@@ -1,6 +1,7 @@
-"""No generated token lost: generations in flight when an engine dies or hangs, or the orchestrator dies,
-are continued from the tokens they had, and the run ends bitwise equal to a fault-free one (tiny model,
-long responses, deterministic engines). One erld runs the fault-free reference and each faulty run."""
+"""No generated token lost: generations in flight when an engine dies or hangs, the router dies, or the
+orchestrator dies, are continued from the tokens they had, and the run ends bitwise equal to a fault-free
+one (tiny model, long responses, deterministic engines), every token from its rollout's weights and every
+log prob the trainer's. One erld runs the fault-free reference and each faulty run."""
 
 from __future__ import annotations
 
@@ -90,21 +91,26 @@ def hang(engine: str, daemon: Topology, workdir: Path) -> Callable[[], None]:
 
 
 @pytest.mark.timeout(400)
-def test_an_engine_killed_or_hung_mid_generation_loses_no_token(reference, tmp_path):
+def test_an_engine_or_the_router_killed_or_an_engine_hung_mid_generation_loses_no_token(reference, tmp_path):
     daemon, clean = reference
     faulty = tmp_path / "faulty"
-    schedule = [("engine-0", mid_generation(1)), (hang("engine-1", daemon, faulty), mid_generation(3))]
-    assert run_job(daemon, faulty, LONG_JOB, schedule) == ["engine-0", "hang_engine"]
+    schedule = [
+        ("engine-0", mid_generation(1)),
+        ("router", mid_generation(2)),
+        (hang("engine-1", daemon, faulty), mid_generation(3)),
+    ]
+    assert run_job(daemon, faulty, LONG_JOB, schedule) == ["engine-0", "router", "hang_engine"]
 
     checks = check_run(faulty, clean, status(daemon, "tiny-grpo")["status"], tolerance=0.0)
     assert all(check.held for check in checks), [check for check in checks if not check.held]
     lines = metrics(faulty)
-    # Continued in both rollouts, and every token the orchestrator received it kept: none came twice.
-    assert continued_samples(faulty, 1) > 0 and continued_samples(faulty, 3) > 0
+    # Continued in each rollout, and every token the orchestrator received it kept: none came twice.
+    assert all(continued_samples(faulty, rollout_id) > 0 for rollout_id in (1, 2, 3))
     assert not any(continued_samples(clean, rollout_id) for rollout_id in range(4))
     assert sum(line["rollout/regenerated_tokens"] for line in lines) == 0
     events = job_events(faulty)
     assert any(e["kind"] == "proc_restarted" and e["proc"] == "engine-0" for e in events)
+    assert any(e["kind"] == "proc_restarted" and e["proc"] == "router" for e in events)
     assert any(e["kind"] == "engine_unhealthy" and e["proc"] == "engine-1" for e in events)
     # The engines generated no more than the fault-free run's (less what the dead ones made after erld
     # last read their counts).
