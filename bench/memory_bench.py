@@ -6,7 +6,9 @@ First the accounting alone, for three Llama-architecture models (Llama 3.2 1B, L
 33B shape, 32.5B parameters) at several replica layouts: the bytes one rank holds for parameters,
 gradients and optimizer state, in fp32 with AdamW whole on every rank and in bf16-params (megatron's bf16
 parameters and distributed optimizer, GPU slots only), and one 4096-token micro-batch's
-activation estimate. Then, unless ``--no-measure``, the accounting against a measured step (the
+activation estimate. Then one sequence of 8k to 64k tokens of the 1B shape on one device, the whole rank
+by each ``trainer.recompute`` (and megatron's unfused attention for comparison): what fits in how much
+memory. Then, unless ``--no-measure``, the accounting against a measured step (the
 test's worker, `tests/integration/memory_worker.py`, one process each): the tiny model, a wider toy
 model and SmolLM2-135M on this machine's CPU, the growth of peak resident memory over the accounted
 total.
@@ -25,7 +27,17 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from elastic_rl.net import LOOPBACK, free_port  # noqa: E402
-from policies.memory import FP32_WHOLE, GIB, MEGATRON_BF16, Layout, ModelShape, rank_memory  # noqa: E402
+from policies.memory import (  # noqa: E402
+    FP32_WHOLE,
+    GIB,
+    LOGITS_BUDGET_BYTES,
+    MEGATRON_BF16,
+    ActivationLayout,
+    Kept,
+    Layout,
+    ModelShape,
+    rank_memory,
+)
 from tests.integration.memory_worker import SMOLLM2_STEP, WIDER_TOY  # noqa: E402
 
 MODELS = {
@@ -63,6 +75,23 @@ def accounting_table() -> None:
             )
 
 
+LONG = [8192, 16384, 32768, 65536]
+
+
+def long_sequence_table() -> None:
+    shape = MODELS["Llama 3.2 1B"]
+    ways = {
+        f"sdpa, recompute {kept.value}": ActivationLayout(kept=kept, logits_cap_bytes=LOGITS_BUDGET_BYTES)
+        for kept in Kept
+    }
+    ways["local (unfused) attention, recompute none"] = ActivationLayout(fused_attention=False)
+    print("| Llama 3.2 1B, one sequence, fp32 AdamW, one device | " + " | ".join(f"{n:,} tokens" for n in LONG) + " |")
+    print("|---|" + "---|" * len(LONG))
+    for name, held in ways.items():
+        totals = [rank_memory(shape, Layout(), FP32_WHOLE, n, n, False, held).total / GIB for n in LONG]
+        print(f"| {name} | " + " | ".join(f"{total:.1f} GiB" for total in totals) + " |")
+
+
 def measure(spec: str, overrides: list[str], out: Path) -> dict:
     env = {
         **os.environ,
@@ -96,6 +125,8 @@ def main() -> None:
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/memory-bench"))
     args = parser.parse_args()
     accounting_table()
+    print()
+    long_sequence_table()
     if not args.no_measure:
         args.scratch.mkdir(parents=True, exist_ok=True)
         print()

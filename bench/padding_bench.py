@@ -52,7 +52,7 @@ def main() -> None:
             )
             record(f"{size} samples, padded to their longest", padding_fraction(fixed, lengths), len(fixed))
             for budget in budgets:
-                grouped = token_budget_micro_batches(rows_of_step, lengths, budget)
+                grouped = token_budget_micro_batches(rows_of_step, lengths, budget, packed=False)
                 record(f"token budget {budget}", padding_fraction(grouped, lengths), len(grouped))
     print(f"{len(ids)} rollouts ({ids[0]}..{ids[-1]}), {steps} optimizer steps of {step} samples, from {workdir}")
     print("| micro-batches | padding (share of token slots) | micro-batches per step |")

@@ -15,10 +15,14 @@ from dataclasses import dataclass
 
 from elastic_rl.architecture import Architecture, from_hf_config
 from elastic_rl.spec.job import JobSpec
+from elastic_rl.spec.trainer import Attention, TrainerSpec
 from policies.memory import (
     FP32_SHARDED,
     FP32_WHOLE,
+    LOGITS_BUDGET_BYTES,
     MEGATRON_BF16,
+    ActivationLayout,
+    Kept,
     Layout,
     ModelShape,
     Precision,
@@ -80,6 +84,15 @@ def longest_sample(spec: JobSpec) -> int:
     return min(context, spec.rollout.max_prompt_len + spec.rollout.max_new_tokens)
 
 
+def activation_layout(trainer: TrainerSpec) -> ActivationLayout:
+    """How the trainer holds its activations: its attention, its recomputation, its chunked logits."""
+    return ActivationLayout(
+        fused_attention=trainer.attention is Attention.SDPA,
+        kept=Kept(trainer.recompute.value),
+        logits_cap_bytes=LOGITS_BUDGET_BYTES,
+    )
+
+
 def plan(spec: JobSpec) -> MemoryPlan:
     """The fullest trainer rank of the spec's replica layout."""
     trainer = spec.trainer
@@ -94,5 +107,6 @@ def plan(spec: JobSpec) -> MemoryPlan:
         tokens=tokens,
         sequence=sequence,
         reference_model=spec.algorithm.kl_coef > 0,
+        held=activation_layout(trainer),
     )
     return MemoryPlan(layout, memory, tokens, sequence)

@@ -17,15 +17,18 @@ distributed optimizer (bf16 parameters, fp32 gradients, fp32 main weights and mo
 data-parallel ranks; GPU slots only).
 
 Activations are an estimate, stated so it can be checked (docs/benchmarks.md compares it with measured
-peaks): micro-batches of ``tokens`` token slots, every layer's saved tensors at once (no
-recomputation), with unfused attention's score and probability matrices, as many micro-batches as a
-pipeline stage keeps in flight, and the output layer's logits three times over in fp32 (the logits,
-their log-softmax and its gradient).
+peaks): micro-batches of ``tokens`` tokens (packed: the samples' own; padded: samples times the
+longest), every layer's saved tensors at once as the recomputation leaves them (``Kept``), with
+attention's saved state (the fused kernel's output and normaliser, or unfused attention's score and
+probability matrices, which grow with the sequence), as many micro-batches as a pipeline stage keeps in
+flight, and the output layer's logits three times over in fp32 (the logits, their log-softmax and its
+gradient), at most a chunk of them where the scoring computes them in chunks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 MIB = 1024**2
 GIB = 1024**3
@@ -33,14 +36,45 @@ FP32_BYTES = 4
 # Per token and layer, in elements of the compute dtype: the tensors a transformer layer keeps for its
 # backward pass, in units of the hidden size (the two norms' inputs and outputs, the attention and MLP
 # inputs, the residual adds), of the query/key/value width (q, k and v before and after rotary), and of
-# the MLP's inner width (fc1's gate and up outputs, the SwiGLU product, fc2's input).
+# the MLP's inner width (fc1's gate and up outputs, which megatron's fused SwiGLU keeps as its only input,
+# and the SwiGLU product, fc2's input).
 HIDDEN_COPIES = 8
 QKV_COPIES = 2
-FFN_COPIES = 5
+FFN_COPIES = 3
 # Unfused attention: the scores, their masked copy and the softmax's output are alive together at the
 # softmax (the probabilities stay for the backward pass), per token, per head, per key position.
 ATTENTION_MATRICES = 3
 LOGIT_COPIES = 3
+LOGITS_BUDGET_BYTES = 1 << 30
+"""Most bytes the trainer's fp32 logits of one pass (scored positions x its share of the vocabulary x 4)
+take before it computes them in chunks of positions of at most this size (``model.token_scores``): 1 GiB,
+2,048 positions of a 128k vocabulary at TP=1."""
+# Selective recomputation keeps, per token and layer, the norms' inputs and outputs and the residual sums
+# (hidden-sized), q, k and v once, and the attention's output; the core attention and the dense MLP are
+# computed again from their inputs.
+SELECTIVE_HIDDEN_COPIES = 6
+
+
+class Kept(Enum):
+    """What a layer keeps for its backward pass (``trainer.recompute``)."""
+
+    ALL = "none"
+    """Every activation: nothing computed again."""
+    SELECTIVE = "selective"
+    """Megatron's selective recomputation: the core attention and the dense MLP are computed again."""
+    INPUTS = "full"
+    """Megatron's full recomputation: each layer's input only; the layer runs again in the backward pass."""
+
+
+@dataclass(frozen=True)
+class ActivationLayout:
+    """How the trainer's passes hold their activations."""
+
+    fused_attention: bool = True
+    """torch's fused kernel: no ``[heads, seq, seq]`` matrices (``trainer.attention: sdpa``)."""
+    kept: Kept = Kept.ALL
+    logits_cap_bytes: int | None = None
+    """The most fp32 logits the scoring holds at once (it computes them in chunks past it); None: all."""
 
 
 @dataclass(frozen=True)
@@ -179,24 +213,43 @@ def stage_parameters(shape: ModelShape, layout: Layout) -> list[int]:
 
 
 def activation_bytes(
-    shape: ModelShape, layout: Layout, precision: Precision, tokens: int, sequence: int, stage: int = 0
+    shape: ModelShape,
+    layout: Layout,
+    precision: Precision,
+    tokens: int,
+    sequence: int,
+    stage: int = 0,
+    held: ActivationLayout = ActivationLayout(),
 ) -> int:
-    """The stated estimate for pipeline stage ``stage``: micro-batches of ``tokens`` token slots whose
-    longest sample has ``sequence`` tokens. Under megatron's one-forward-one-backward schedule stage s of
-    p holds p - s micro-batches' activations at its peak; the last stage also holds the logits."""
+    """The stated estimate for pipeline stage ``stage``: micro-batches of ``tokens`` tokens whose longest
+    sample has ``sequence`` tokens, held as ``held`` says. Under megatron's one-forward-one-backward
+    schedule stage s of p holds p - s micro-batches' activations at its peak; the last stage also holds
+    the logits. A recomputing layer adds one layer's whole activations while it runs again."""
     tp = layout.tensor_parallel
-    qkv = (shape.num_attention_heads + 2 * shape.num_query_groups) * shape.head_dim
-    per_token_layer = (
-        HIDDEN_COPIES * shape.hidden_size
-        + QKV_COPIES * qkv // tp
-        + FFN_COPIES * max(shape.experts_per_token, 1) * shape.ffn_hidden_size // tp
-        + ATTENTION_MATRICES * shape.num_attention_heads // tp * sequence
-    )
+    qkv = (shape.num_attention_heads + 2 * shape.num_query_groups) * shape.head_dim // tp
+    heads = shape.num_attention_heads // tp
+    if held.fused_attention:
+        attention = heads * shape.head_dim + heads  # the kernel's output and its log-sum-exp
+    else:
+        attention = ATTENTION_MATRICES * heads * sequence
+    ffn = FFN_COPIES * max(shape.experts_per_token, 1) * shape.ffn_hidden_size // tp
+    whole_layer = HIDDEN_COPIES * shape.hidden_size + QKV_COPIES * qkv + ffn + attention
+    if held.kept is Kept.ALL:
+        per_token_layer, again = whole_layer, 0
+    elif held.kept is Kept.SELECTIVE:
+        per_token_layer, again = SELECTIVE_HIDDEN_COPIES * shape.hidden_size + qkv + heads * shape.head_dim, whole_layer
+    else:
+        per_token_layer, again = shape.hidden_size, whole_layer
     stages = layout.pipeline_parallel
     layers = layers_per_stage(shape.num_layers, stages)[stage]
     in_flight = stages - stage
-    logits = LOGIT_COPIES * shape.vocab_size // tp * FP32_BYTES if stage == stages - 1 else 0
-    return tokens * (in_flight * layers * per_token_layer * precision.activation_bytes + logits)
+    kept = tokens * (in_flight * layers * per_token_layer + again) * precision.activation_bytes
+    if stage != stages - 1:
+        return kept
+    logits = tokens * shape.vocab_size // tp * FP32_BYTES
+    if held.logits_cap_bytes is not None:
+        logits = min(logits, held.logits_cap_bytes)
+    return kept + LOGIT_COPIES * logits
 
 
 def rank_memory(
@@ -206,10 +259,11 @@ def rank_memory(
     tokens: int,
     sequence: int,
     reference_model: bool,
+    held: ActivationLayout = ActivationLayout(),
 ) -> RankMemory:
     """What the fullest rank of a replica in ``layout`` holds: its stage's parameters, their gradients
     and optimizer state (sharded over data-parallel ranks if the precision says so), the reference
-    model's copy, and its micro-batches' activations."""
+    model's copy, and its micro-batches' activations, held as ``held`` says."""
     optimizer_share = layout.data_parallel if precision.optimizer_sharded else 1
     ranks = [
         RankMemory(
@@ -218,7 +272,7 @@ def rank_memory(
             gradient_bytes=parameters * precision.gradient_bytes,
             optimizer_bytes=-(-parameters * precision.optimizer_bytes // optimizer_share),
             reference_bytes=parameters * precision.parameter_bytes if reference_model else 0,
-            activation_bytes=activation_bytes(shape, layout, precision, tokens, sequence, stage),
+            activation_bytes=activation_bytes(shape, layout, precision, tokens, sequence, stage, held),
         )
         for stage, parameters in enumerate(stage_parameters(shape, layout))
     ]

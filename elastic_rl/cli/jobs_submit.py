@@ -65,6 +65,7 @@ def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
         else "the model's context; set rollout.max_prompt_len to bound it"
     )
     precision = precision_of(spec)
+    trainer = spec.trainer
     moments = "AdamW's two moments"
     optimizer_state = f"fp32 main weights and {moments}" if precision is MEGATRON_BF16 else moments
     lines = [
@@ -74,8 +75,9 @@ def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
         f"  gradients       {size(memory.gradient_bytes)}",
         f"  optimizer       {size(memory.optimizer_bytes)}  ({optimizer_state}: this rank's share)",
         f"  reference model {size(memory.reference_bytes)}  (algorithm.kl_coef > 0 keeps one)",
-        f"  activations     {size(memory.activation_bytes)}  (estimate: a micro-batch of {planned.tokens:,} token "
-        f"slots, samples up to {planned.sequence:,} tokens: {bound})",
+        f"  activations     {size(memory.activation_bytes)}  (estimate: a micro-batch of {planned.tokens:,} "
+        f"{'tokens packed' if trainer.packing else 'token slots'}, samples up to {planned.sequence:,} tokens: "
+        f"{bound}; attention {trainer.attention.value}, recompute {trainer.recompute.value})",
         f"  total           {size(memory.total)}",
     ]
     return "\n".join(lines) + "\n"

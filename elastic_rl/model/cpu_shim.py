@@ -1,6 +1,6 @@
 """Lets megatron-core run on machines without CUDA.
 
-megatron-core assumes a GPU in five places that a CPU run reaches:
+megatron-core assumes a GPU in six places that a CPU run reaches:
 
 - ``megatron.core.tensor_parallel.random.get_cuda_rng_tracker``: the tracker that
   forks named RNG streams for dropout and initialisation stores CUDA generator
@@ -24,6 +24,11 @@ megatron-core assumes a GPU in five places that a CPU run reaches:
   allocate their outputs on ``torch.cuda.current_device()``. The shim gives
   that module ``_TorchOnCpu`` for its ``torch``: the same torch, whose
   ``cuda.current_device()`` names the CPU.
+- ``megatron.core.tensor_parallel.random``'s activation recomputation
+  (``trainer.recompute``) saves the CUDA generator's state beside the CPU's and
+  the tracker's before a recomputed piece, and restores it to run it again. The
+  shim gives it ``_no_cuda_rng_state`` to save and nothing to restore: on a CPU
+  slot the CPU generator and the tracker's CPU states are all there is.
 
 Nothing else is patched for good. ``init_model_parallel`` applies the shim to a
 process on a CPU slot only (the device rule, ``policies.devices``), whether or
@@ -112,6 +117,10 @@ def _rotary_embedding_on_cpu(self: RotaryEmbedding, max_seq_len: int, offset: in
     return emb[:, None, None, :]
 
 
+def _no_cuda_rng_state(*args, **kwargs) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8)
+
+
 def _router_gating_on_cpu(self: Router, input: torch.Tensor) -> torch.Tensor:
     router_dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype, input.dtype)
     return router_gating_linear(input, self.weight, self.bias, router_dtype)
@@ -138,7 +147,7 @@ class _TorchOnCpu(types.ModuleType):
 
 
 def apply_cpu_shim(seed: int) -> None:
-    """Seed megatron's RNG streams as CPU generator states and patch the five CUDA uses.
+    """Seed megatron's RNG streams as CPU generator states and patch the six CUDA uses.
 
     Call after ``parallel_state.initialize_model_parallel`` and before building
     the model.
@@ -156,6 +165,8 @@ def apply_cpu_shim(seed: int) -> None:
     RotaryEmbedding.get_emb = _rotary_embedding_on_cpu
     Router.gating = _router_gating_on_cpu
     tensor_parallel_mappings.torch = _TorchOnCpu("torch")
+    megatron_random._get_cuda_rng_state = _no_cuda_rng_state
+    megatron_random._set_cuda_rng_state = lambda *args, **kwargs: None
 
 
 class _CudaAllocationsOnCpu(TorchFunctionMode):

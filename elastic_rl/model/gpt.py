@@ -21,6 +21,13 @@ it (``elastic_rl.device``): gloo with the CPU shim on a CPU slot, NCCL on a
 GPU. In bf16 the forward pass runs under megatron's autocast (bf16 matrix
 products over fp32 parameters and gradients); logits are turned into log
 probabilities in fp32 (``vocab_parallel``).
+
+Attention is torch's fused kernel by default (``model.attention``), and the
+trainer's passes take micro-batches padded or packed (``model.packing``):
+``decoder_states`` runs one and returns the final hidden states of the
+positions it scores, which ``model.token_scores`` turns into log probs without
+holding every logit at once. ``ModelOptions.recompute`` asks megatron to
+compute activations again in the backward pass.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -35,7 +43,6 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.moe import moe_utils
@@ -45,8 +52,35 @@ from elastic_rl.architecture import Architecture
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.device import activate, assigned
 from elastic_rl.jobenv import RENDEZVOUS
+from elastic_rl.model.attention import FusedAttention, layer_spec
 from elastic_rl.model.cpu_shim import apply_cpu_shim, cuda_calls_on_cpu
+from elastic_rl.model.packing import ModelInput
+from elastic_rl.model.swiglu import use_eager_swiglu
+from elastic_rl.spec.trainer import Attention, Recompute, TrainerSpec
 from policies.devices import DeviceKind, Precision, ProcessDevice
+
+SELECTIVE_MODULES = ["core_attn", "mlp"]
+"""What ``Recompute.SELECTIVE`` computes again: each layer's core attention and its dense MLP (megatron recomputes
+its norms only with Transformer Engine)."""
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How the policy is built for training: what the model reads of the ``trainer`` section."""
+
+    precision: Precision = Precision.FP32
+    attention: Attention = Attention.SDPA
+    recompute: Recompute = Recompute.NONE
+    aux_loss_coef: float = 0.0
+    """A mixture of experts' load-balancing loss (``trainer.moe_aux_loss_coef``)."""
+
+    @classmethod
+    def of(cls, trainer: TrainerSpec) -> ModelOptions:
+        return cls(Precision(trainer.dtype), trainer.attention, trainer.recompute, trainer.moe_aux_loss_coef)
+
+
+DEFAULT_OPTIONS = ModelOptions()
+"""fp32, fused attention, nothing recomputed: the policy as tests, benchmarks and exports build it."""
 
 
 def transformer_config(
@@ -55,6 +89,7 @@ def transformer_config(
     precision: Precision = Precision.FP32,
     pipeline_parallel: int = 1,
     aux_loss_coef: float = 0.0,
+    recompute: Recompute = Recompute.NONE,
 ) -> TransformerConfig:
     """megatron's config of ``arch``: built with fp32 parameters always; in bf16 the forward pass autocasts,
     in bf16-params megatron's Float16Module casts the parameters afterwards (``trainer.master_weights``).
@@ -62,6 +97,7 @@ def transformer_config(
     mixed = precision is Precision.BF16
     config = TransformerConfig(
         **_experts_config(arch, aux_loss_coef),
+        **_recompute_config(recompute),
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_attention_heads,
@@ -98,7 +134,8 @@ def transformer_config(
         enable_autocast=mixed,
         autocast_dtype=torch.bfloat16 if mixed else None,
         gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
+        # megatron's SwiGLUFunction, which keeps only its input for the backward pass (``model.swiglu``).
+        bias_activation_fusion=True,
         masked_softmax_fusion=False,
         apply_rope_fusion=False,
         persist_layer_norm=False,
@@ -108,6 +145,15 @@ def transformer_config(
     # dispatcher, which a dense model never runs.
     config.variable_seq_lengths = pipeline_parallel > 1
     return config
+
+
+def _recompute_config(recompute: Recompute) -> dict:
+    """megatron's activation recomputation for ``trainer.recompute``: full runs each layer again from its input."""
+    if recompute is Recompute.SELECTIVE:
+        return {"recompute_granularity": "selective", "recompute_modules": list(SELECTIVE_MODULES)}
+    if recompute is Recompute.FULL:
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    return {}
 
 
 def _experts_config(arch: Architecture, aux_loss_coef: float) -> dict:
@@ -134,11 +180,7 @@ def _experts_config(arch: Architecture, aux_loss_coef: float) -> dict:
 
 
 def build_gpt(
-    arch: Architecture,
-    tensor_parallel: int = 1,
-    precision: Precision = Precision.FP32,
-    whole: bool = False,
-    aux_loss_coef: float = 0.0,
+    arch: Architecture, tensor_parallel: int = 1, options: ModelOptions = DEFAULT_OPTIONS, whole: bool = False
 ) -> GPTModel:
     """This rank's stage of the model, on the CPU, with random weights from the seeded RNG; with
     ``whole``, every layer. Model parallelism must be initialised first. The logits stay sharded over
@@ -150,6 +192,7 @@ def build_gpt(
         # megatron's router picks Transformer Engine's GEMM with `te_general_gemm is not None`, a name
         # it defines only when Transformer Engine imports (on any device): None takes its torch path.
         moe_utils.te_general_gemm = None
+    use_eager_swiglu()
     stages = 1 if whole else parallel_state.get_pipeline_model_parallel_world_size()
     if arch.num_layers % stages:
         raise ValueError(f"{arch.num_layers} layers do not divide into pipeline_parallel {stages} stages")
@@ -159,12 +202,11 @@ def build_gpt(
     on_cpu = stages > 1 and torch.distributed.get_backend() == torch.distributed.Backend.GLOO
     with cuda_calls_on_cpu() if on_cpu else contextlib.nullcontext():
         model = GPTModel(
-            config=transformer_config(arch, tensor_parallel, precision, stages, aux_loss_coef),
-            transformer_layer_spec=get_gpt_layer_local_spec(
-                num_experts=arch.experts.count if arch.experts else None,
-                moe_grouped_gemm=False,
-                normalization="RMSNorm",
-                qk_layernorm=arch.qk_norm,
+            config=transformer_config(
+                arch, tensor_parallel, options.precision, stages, options.aux_loss_coef, options.recompute
+            ),
+            transformer_layer_spec=layer_spec(
+                options.attention, arch.experts.count if arch.experts else None, arch.qk_norm
             ),
             vocab_size=arch.vocab_size,
             max_sequence_length=arch.max_position_embeddings,
@@ -264,37 +306,74 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 def forward_gpt(model: GPTModel, tokens: torch.Tensor, first_logit: int = 0) -> torch.Tensor:
     """This rank's logits ``[batch, seq - first_logit, vocab/tp]`` of the positions from
-    ``first_logit`` on, on the model's device (``tokens`` go there), in bf16 when the model autocasts.
-
-    The causal mask is passed explicitly (True = hidden) because megatron's default
-    mask is built on the GPU. Sequences are right-padded, so a causal mask alone
-    keeps padding out of every real token's attention.
-    """
+    ``first_logit`` on, on the model's device (``tokens`` go there), in bf16 when the model autocasts:
+    the rows of ``tokens`` right-padded (a causal model's real tokens never see the padding)."""
     tokens = tokens.to(model_device(model))
+    with _precision(model), _selecting(model, lambda hidden: hidden[first_logit:]):
+        return model(tokens, _positions(tokens), attention_mask=_causal_mask(model, tokens))
+
+
+def decoder_states(model: GPTModel, item: ModelInput, last_stage: bool = True) -> torch.Tensor:
+    """A micro-batch through the model (or this pipeline stage): the final hidden states of the positions it
+    scores, ``[batch, scored, hidden]``; a stage before the last returns its output activations
+    ``[seq, batch, hidden]`` for the next. The logits are left to ``token_scores``."""
+    tokens = item.tokens.to(model_device(model))
+    packed = item.seq_params(tokens.device)
+    mask = None if packed is not None else _causal_mask(model, tokens)
+    if not last_stage:
+        with _precision(model):
+            return model(tokens, _positions(tokens), attention_mask=mask, packed_seq_params=packed)
+    with _precision(model), _selecting(model, item.select), _without_output_layer(model):
+        hidden = model(tokens, _positions(tokens), attention_mask=mask, packed_seq_params=packed)
+    return hidden.transpose(0, 1)
+
+
+def _positions(tokens: torch.Tensor) -> torch.Tensor:
+    # Only learned absolute embeddings read these: rotary ones take each position (packed: within its sample).
+    return torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+
+
+def _causal_mask(model: GPTModel, tokens: torch.Tensor) -> torch.Tensor | None:
+    """The ``[seq, seq]`` causal mask megatron's own attention needs (True = hidden; its default is built on
+    the GPU); none for the fused attention, which is causal by itself."""
+    if _attends_fused(model):
+        return None
     seq = tokens.shape[1]
-    positions = torch.arange(seq, device=tokens.device).unsqueeze(0).expand_as(tokens)
-    mask = torch.ones(seq, seq, dtype=torch.bool, device=tokens.device).triu(diagonal=1)
+    return torch.ones(seq, seq, dtype=torch.bool, device=tokens.device).triu(diagonal=1)[None, None]
+
+
+def _attends_fused(model: GPTModel) -> bool:
+    return isinstance(model.decoder.layers[0].self_attention.core_attention, FusedAttention)
+
+
+def _precision(model: GPTModel):
+    """megatron's autocast where the model's config asks for it."""
     config = model.config
-    autocast = (
-        torch.autocast(tokens.device.type, dtype=config.autocast_dtype)
-        if config.enable_autocast
-        else contextlib.nullcontext()
-    )
-    with autocast, _decoder_output_from(model, first_logit):
-        return model(tokens, positions, attention_mask=mask[None, None])
+    if not config.enable_autocast:
+        return contextlib.nullcontext()
+    return torch.autocast(model_device(model).type, dtype=config.autocast_dtype)
 
 
 @contextlib.contextmanager
-def _decoder_output_from(model: GPTModel, position: int):
-    """Within the block, the decoder's output (``[seq, batch, hidden]``) starts at ``position``, so
-    the output layer (a third of a small model's step, its vocabulary being large) computes no
-    logits that are not wanted. megatron's GPTModel has no option for this (transformers calls it
-    ``logits_to_keep``); a forward hook on the decoder cuts its output instead."""
-    if position == 0:
-        yield
-        return
-    handle = model.decoder.register_forward_hook(lambda _module, _inputs, hidden: hidden[position:])
+def _selecting(model: GPTModel, select):
+    """Within the block, the decoder's output (``[seq, batch, hidden]``) is ``select(output)``: only the
+    positions that are scored, so the output layer (a third of a small model's step, its vocabulary being
+    large) computes no logits that are not wanted. megatron's GPTModel has no option for this
+    (transformers calls it ``logits_to_keep``); a forward hook on the decoder cuts its output instead."""
+    handle = model.decoder.register_forward_hook(lambda _module, _inputs, hidden: select(hidden))
     try:
         yield
     finally:
         handle.remove()
+
+
+@contextlib.contextmanager
+def _without_output_layer(model: GPTModel):
+    """Within the block the model returns the decoder's output (after its final norm), as a stage before
+    the last does, instead of the logits: ``token_scores`` applies the output layer, a chunk at a time
+    where the whole logits would not fit."""
+    model.post_process = False
+    try:
+        yield
+    finally:
+        model.post_process = True

@@ -1,8 +1,9 @@
 """Runs a step's micro-batches through the policy: on one stage in turn, or through megatron's pipeline schedule.
 
-The trainer gives each micro-batch's input and a ``score``, which turns the
-micro-batch's logits into its loss (and keeps what else it needs of them: log
-probabilities, metric sums). On one stage each micro-batch's backward pass
+The trainer gives each micro-batch's input (``model.packing``: padded or packed)
+and a ``score``, which turns the final hidden states of the positions the
+micro-batch scores into its loss (``model.token_scores`` gives their log
+probabilities; it keeps what else it needs of them: metric sums). On one stage each micro-batch's backward pass
 follows its forward pass. With pipeline stages, megatron-core's own schedule
 runs them (``get_forward_backward_func``: one forward, one backward, the
 activations and their gradients sent between stages), ``score`` runs on the
@@ -15,9 +16,10 @@ With expert parallelism each layer's token dispatcher gathers the tokens of
 every expert-parallel rank, tensors of one shape each, once per micro-batch.
 Those ranks hold different samples, so before a pass they agree on the
 micro-batches: as many on each, each padded to the largest rows and width of
-its number (right padding: a causal model's real positions do not see it), and
-a rank with fewer runs empty ones that add nothing to its loss. ``score``
-sees its own micro-batch's logits only.
+its number (right padding: a causal model's real positions do not see it;
+packed, the added tokens are a sample of their own), and a rank with fewer runs
+empty ones that add nothing to its loss. ``score`` sees its own micro-batch's
+scored positions only.
 """
 
 from __future__ import annotations
@@ -25,28 +27,18 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from elastic_rl.model.cpu_shim import cuda_calls_on_cpu
-from elastic_rl.model.gpt import forward_gpt, model_device
-
-
-@dataclass(frozen=True)
-class ModelInput:
-    """One micro-batch as the model takes it."""
-
-    tokens: torch.Tensor
-    """[batch, seq]: the sequences without their last token."""
-    first_logit: int
-    """The first position whose logits are wanted."""
-
+from elastic_rl.model.gpt import decoder_states, model_device
+from elastic_rl.model.packing import ModelInput, empty_input
 
 Score = Callable[[int, torch.Tensor], torch.Tensor]
-"""(micro-batch index, its logits ``[batch, seq - first_logit, vocab/tp]``) -> its loss."""
+"""(micro-batch index, the final hidden states of its scored positions ``[batch, scored, hidden]``) -> its
+loss."""
 
 
 def stages() -> int:
@@ -58,7 +50,7 @@ def run_micro_batches(model: torch.nn.Module, inputs: list[ModelInput], score: S
     inputs, score = _same_shapes_over_expert_ranks(inputs, score)
     if stages() == 1:
         for index, item in enumerate(inputs):
-            loss = score(index, forward_gpt(model, item.tokens, item.first_logit))
+            loss = score(index, decoder_states(model, item))
             if backward:
                 loss.backward()
         return
@@ -66,13 +58,12 @@ def run_micro_batches(model: torch.nn.Module, inputs: list[ModelInput], score: S
 
     def forward_step(numbered, stage):
         index, item = next(numbered)
-        # Only the last stage's output is logits; the others pass on every position's activations.
-        output = forward_gpt(stage, item.tokens, item.first_logit if last else 0)
-        return output, functools.partial(scored, index)
+        # Only the last stage's output is scored; the others pass on every position's activations.
+        return decoder_states(stage, item, last_stage=last), functools.partial(scored, index)
 
-    def scored(index, logits):
+    def scored(index, hidden):
         # (loss, tokens, reported): the loss is normalised by the trainer; megatron only counts the tokens.
-        return score(index, logits), torch.tensor(1, dtype=torch.int), {}
+        return score(index, hidden), torch.tensor(1, dtype=torch.int), {}
 
     schedule = get_forward_backward_func()
     on_cpu = model_device(model).type == "cpu"
@@ -113,23 +104,17 @@ def _same_shapes_over_expert_ranks(inputs: list[ModelInput], score: Score) -> tu
         tuple(max(rank_shapes[index][dim] for rank_shapes in shapes if index < len(rank_shapes)) for dim in (0, 1))
         for index in range(max(len(rank_shapes) for rank_shapes in shapes))
     ]
-    dtype = inputs[0].tokens.dtype if inputs else torch.long
-    padded = []
-    for index, (rows, width) in enumerate(agreed):
-        if index < len(inputs):
-            item = inputs[index]
-            more_rows, more_width = rows - item.tokens.shape[0], width - item.tokens.shape[1]
-            padded.append(
-                ModelInput(torch.nn.functional.pad(item.tokens, (0, more_width, 0, more_rows)), item.first_logit)
-            )
-        else:
-            padded.append(ModelInput(torch.zeros(rows, width, dtype=dtype), width - 1))  # one position's logits
+    packed = inputs[0].packed if inputs else False
+    padded = [
+        inputs[index].padded_to(rows, seq) if index < len(inputs) else empty_input(rows, seq, packed)
+        for index, (rows, seq) in enumerate(agreed)
+    ]
 
-    def own_score(index: int, logits: torch.Tensor) -> torch.Tensor:
+    def own_score(index: int, hidden: torch.Tensor) -> torch.Tensor:
         if index >= len(inputs):
-            return logits.sum() * 0.0  # its backward still runs the dispatcher's collectives
-        rows, width = inputs[index].tokens.shape
-        return score(index, logits[:rows, : width - inputs[index].first_logit])
+            return hidden.sum() * 0.0  # its backward still runs the dispatcher's collectives
+        rows, scored = inputs[index].targets.shape
+        return score(index, hidden[:rows, :scored])
 
     return padded, own_score
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,10 +33,10 @@ from elastic_rl.model.convert.hf_export import (
     write_hf_checkpoint,
 )
 from elastic_rl.model.convert.hf_import import import_hf_weights
-from elastic_rl.model.gpt import build_gpt
+from elastic_rl.model.gpt import DEFAULT_OPTIONS, ModelOptions, build_gpt
 from elastic_rl.model.tokenizer import load_tokenizer, padded_vocab_size
 from elastic_rl.spec.model import ModelSpec
-from policies.devices import Precision
+from elastic_rl.spec.trainer import Recompute
 
 INITIAL_REFERENCE = "initial"
 
@@ -58,52 +58,51 @@ class ModelSource:
         arch = spec.toy_architecture(padded_vocab_size(tokenizer))
         return cls(arch, tokenizer, ToyFiles(arch, tokenizer), None)
 
-    def _load(self, checkpoint: Path, precision: Precision, aux_loss_coef: float = 0.0) -> torch.nn.Module:
-        model = build_gpt(self.architecture, _tp_size(), precision, aux_loss_coef=aux_loss_coef)
+    def _load(self, checkpoint: Path, options: ModelOptions) -> torch.nn.Module:
+        model = build_gpt(self.architecture, _tp_size(), options)
         import_hf_weights(
             model, self.architecture, checkpoint, parallel_state.get_tensor_model_parallel_rank(), _tp_size()
         )
         return model
 
     def build_policy(
-        self,
-        precision: Precision = Precision.FP32,
-        device: torch.device | str | None = None,
-        aux_loss_coef: float = 0.0,
+        self, options: ModelOptions = DEFAULT_OPTIONS, device: torch.device | str | None = None
     ) -> torch.nn.Module:
-        """The policy on this rank with its initial weights, on ``device`` (by default the one erld
-        assigned this process). Model parallelism must be initialised. ``aux_loss_coef``: a mixture of
-        experts' load-balancing loss in training (``trainer.moe_aux_loss_coef``)."""
+        """The policy on this rank with its initial weights, built as ``options`` say (the trainer's precision,
+        attention, recomputation), on ``device`` (by default the one erld assigned this process). Model
+        parallelism must be initialised."""
         if self.checkpoint is None:
             # The seed draws every layer in turn: with pipeline stages, a stage is taken from the whole model.
-            model = build_gpt(self.architecture, _tp_size(), precision, whole=True, aux_loss_coef=aux_loss_coef)
+            model = build_gpt(self.architecture, _tp_size(), options, whole=True)
             if parallel_state.get_pipeline_model_parallel_world_size() > 1:
                 whole = model
                 with torch.random.fork_rng(devices=[]):  # the stage's own draws leave no trace
-                    model = build_gpt(self.architecture, _tp_size(), precision, aux_loss_coef=aux_loss_coef)
+                    model = build_gpt(self.architecture, _tp_size(), options)
                 take_stage(model, whole)
         else:
-            model = self._load(self.checkpoint, precision, aux_loss_coef)
+            model = self._load(self.checkpoint, options)
         return model.to(device or assigned().torch_device)
 
     def build_reference(
         self,
         policy: torch.nn.Module,
         reference: str,
-        precision: Precision = Precision.FP32,
+        options: ModelOptions = DEFAULT_OPTIONS,
         device: torch.device | str | None = None,
     ) -> torch.nn.Module:
         """The frozen KL reference on ``device`` (by default the process's): a copy of the freshly built
         policy, or another checkpoint.
 
         Call it before the policy trains or loads a snapshot: every replica, restarted
-        or healed, then holds the same reference without a snapshot storing it.
+        or healed, then holds the same reference without a snapshot storing it. It runs no backward pass:
+        nothing of it is recomputed, nor is its load-balancing loss kept.
         """
+        options = replace(options, recompute=Recompute.NONE, aux_loss_coef=0.0)
         if reference == INITIAL_REFERENCE:
-            model = build_gpt(self.architecture, _tp_size(), precision)
+            model = build_gpt(self.architecture, _tp_size(), options)
             model.load_state_dict(policy.state_dict())
         else:
-            model = self._load(Path(reference), precision)
+            model = self._load(Path(reference), options)
         return model.to(device or assigned().torch_device).eval().requires_grad_(False)
 
     def link_as_export(self, directory: Path) -> int:

@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import torch
 from megatron.core import parallel_state
-from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+from megatron.core.tensor_parallel.mappings import (
+    copy_to_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+)
 
 
-def _shard_bounds(logits: torch.Tensor) -> tuple[int, int]:
-    shard = logits.shape[-1]
+def shard_bounds(shard: int) -> tuple[int, int]:
+    """The vocabulary ids [start, end) this rank holds, ``shard`` of them."""
     start = parallel_state.get_tensor_model_parallel_rank() * shard
     return start, start + shard
 
 
-def _normaliser(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits shifted by the global max, and the log of the global partition function."""
+def normaliser(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The logits shifted by the global max, the log of the global partition function, and that max."""
     global_max = logits.detach().amax(dim=-1, keepdim=True)
     torch.distributed.all_reduce(
         global_max,
@@ -32,12 +35,12 @@ def _normaliser(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     )
     shifted = logits - global_max
     sum_exp = reduce_from_tensor_model_parallel_region(shifted.exp().sum(dim=-1))
-    return shifted, sum_exp.log()
+    return shifted, sum_exp.log(), global_max.squeeze(-1)
 
 
-def _picked(shifted: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def picked(shifted: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The shifted logit of each target, from whichever rank holds it."""
-    start, end = _shard_bounds(shifted)
+    start, end = shard_bounds(shifted.shape[-1])
     local = (targets >= start) & (targets < end)
     index = (targets - start).clamp(0, end - start - 1).unsqueeze(-1)
     return reduce_from_tensor_model_parallel_region(shifted.gather(-1, index).squeeze(-1) * local)
@@ -45,7 +48,10 @@ def _picked(shifted: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def entropy_of(shifted: torch.Tensor, log_z: torch.Tensor) -> torch.Tensor:
     """The entropy at each position, from ``log_probs_and_normaliser``'s shifted logits and normaliser."""
-    probs = (shifted - log_z.unsqueeze(-1)).exp()
+    # Each rank's probabilities depend on the normaliser, which every rank's logits make: its gradient from
+    # them is summed over the ranks (copy_to_tensor_model_parallel_region's backward) before it reaches
+    # each rank's own logits through the normaliser.
+    probs = (shifted - copy_to_tensor_model_parallel_region(log_z).unsqueeze(-1)).exp()
     return log_z - reduce_from_tensor_model_parallel_region((probs * shifted).sum(dim=-1))
 
 
@@ -56,7 +62,7 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the full-vocabulary distribution at each position."""
-    return entropy_of(*_normaliser(logits.float()))
+    return entropy_of(*normaliser(logits.float())[:2])
 
 
 def log_probs_and_normaliser(
@@ -64,8 +70,8 @@ def log_probs_and_normaliser(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``token_log_probs``, with the shifted logits and log normaliser they came from, from which
     ``entropy_of`` gives the entropy without normalising the logits a second time."""
-    shifted, log_z = _normaliser(logits.float())
-    return _picked(shifted, targets) - log_z, shifted, log_z
+    shifted, log_z, _ = normaliser(logits.float())
+    return picked(shifted, targets) - log_z, shifted, log_z
 
 
 @torch.no_grad()

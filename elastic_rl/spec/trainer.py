@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from elastic_rl.spec.base import Component
 from elastic_rl.spec.sizes import SizeRange
+
+
+class Attention(Enum):
+    """How the policy computes attention (``trainer.attention``)."""
+
+    SDPA = "sdpa"
+    """torch's fused scaled_dot_product_attention: causal, no mask, memory linear in the sequence."""
+    LOCAL = "local"
+    """megatron's unfused DotProductAttention: the [heads, seq, seq] scores kept for the backward pass."""
+
+
+class Recompute(Enum):
+    """Which activations the backward pass computes again instead of keeping them (``trainer.recompute``)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    """megatron's selective recomputation: each layer's core attention and dense MLP."""
+    FULL = "full"
+    """megatron's full recomputation: only each layer's input is kept; the layer runs again in the backward."""
 
 
 class TrainerSpec(Component):
@@ -41,9 +61,22 @@ class TrainerSpec(Component):
     micro_batch_size: PositiveInt = 16
     """Samples in one forward/backward pass (unless max_tokens_per_micro_batch is set)."""
     max_tokens_per_micro_batch: PositiveInt | None = None
-    """Group samples by length into micro-batches of at most this many token slots (samples times
-    the longest one's length; a longer sample goes alone) instead of micro_batch_size samples each.
-    The gradient is the same either way (up to float rounding); the padding is less."""
+    """Micro-batches of at most this many tokens each (a longer sample goes alone) instead of
+    micro_batch_size samples each: packed, the samples' own tokens (slime's dynamic batch size);
+    padded, samples times the longest one's length, the samples grouped by length. The gradient is
+    the same either way (up to float rounding)."""
+    packing: bool = True
+    """Lay each micro-batch's samples end to end as one sequence, with no padding: attention stays
+    within each sample and the rotary positions restart at each. false: pad each micro-batch to its
+    longest sample (attention local needs it)."""
+    attention: Attention = Attention.SDPA
+    """sdpa: torch's fused attention (flash, memory-efficient or cuDNN on CUDA; the fused CPU kernel on
+    the CPU), memory linear in the sequence; local: megatron's unfused attention, whose [heads, seq,
+    seq] scores grow with the square of the sequence (the reference sdpa is checked against)."""
+    recompute: Recompute = Recompute.NONE
+    """Activations computed again in the backward pass instead of kept: none; selective (each layer's
+    core attention and dense MLP, from their inputs); full (every layer from its input: the least
+    memory, one more forward pass of the layers a step). Through megatron's own recomputation."""
     lr: PositiveFloat = 1e-3
     """Peak learning rate."""
     min_lr: float = Field(0.0, ge=0.0)
@@ -111,6 +144,15 @@ class TrainerSpec(Component):
             problems.append("remove trainer.shard_optimizer false (megatron's distributed optimizer always shards)")
         if problems:
             raise ValueError(f"trainer.dtype bf16-params: {'; '.join(problems)}; or set trainer.dtype bf16")
+        return self
+
+    @model_validator(mode="after")
+    def _local_attention_pads(self) -> TrainerSpec:
+        if self.attention is Attention.LOCAL and self.packing:
+            raise ValueError(
+                "trainer.attention local takes padded micro-batches only: set trainer.packing false, or "
+                "trainer.attention sdpa"
+            )
         return self
 
     @model_validator(mode="after")

@@ -36,14 +36,14 @@ from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
 from elastic_rl.layer_names import is_split_over_experts
 from elastic_rl.model.expert_load import ExpertLoad
+from elastic_rl.model.packing import ModelInput, packed_input, padded_input
 from elastic_rl.model.pipeline import (
-    ModelInput,
     largest_over_stages,
     micro_batches_over_expert_ranks,
     run_micro_batches,
     sum_over_stages,
 )
-from elastic_rl.model.sequence_log_probs import Entropy, log_probs_of_logits
+from elastic_rl.model.token_scores import Entropy, token_scores
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.trainer.grad_norm import grad_norm
@@ -71,21 +71,32 @@ POLICY_GRADIENT_ONLY = ("pg_loss", "ppo_kl", "first_step_ppo_kl", "clipfrac", "k
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Samples of the rollout that go through the model together."""
+    """Samples of the rollout that go through the model together, and how the model takes them."""
 
     rows: torch.Tensor
-    first_response: int
-    """Its shortest prompt's length: the first position a response token can take."""
     width: int
-    """Its longest sample's length, which it is cut to."""
+    """Its longest sample's length, which the rollout's tensors are cut to for it."""
+    model_input: ModelInput
+    """Its samples padded to ``width`` or packed end to end (``trainer.packing``)."""
+
+    @classmethod
+    def of(cls, batch: RolloutBatch, rows: torch.Tensor, packed: bool) -> MicroBatch:
+        lengths = batch.prompt_lengths[rows] + batch.response_lengths[rows]
+        width = int(lengths.max())
+        lay_out = packed_input if packed else padded_input
+        return cls(rows, width, lay_out(batch.tokens[rows, :width], batch.prompt_lengths[rows].cpu(), lengths.cpu()))
 
     @property
     def cut(self) -> tuple[torch.Tensor, slice]:
         return self.rows, slice(0, self.width)
 
-    def model_input(self, tokens: torch.Tensor) -> ModelInput:
-        """What the model takes of the rollout's ``tokens``: the logits from its first response token's on."""
-        return ModelInput(tokens[self.cut][:, :-1], self.first_response - 1)
+    def scores(self, model, hidden: torch.Tensor, temperature: float, entropy: Entropy):
+        """The log prob and entropy (None with ``Entropy.NONE``) of its tokens, ``[samples, width]`` as the
+        rollout's tensors cut to it, 0 where nothing is scored, from the final hidden states of its scored
+        positions."""
+        item = self.model_input
+        logp, ent = token_scores(model, hidden, item.targets, temperature, entropy)
+        return item.spread(logp, self.width), None if ent is None else item.spread(ent, self.width)
 
 
 def all_finite(values: torch.Tensor) -> bool:
@@ -231,15 +242,15 @@ class GrpoTrainer:
 
     def _micro_batches(self, batch: RolloutBatch, rows: torch.Tensor, scale: int = 1) -> list[MicroBatch]:
         """``rows`` cut into micro-batches of ``scale`` times the configured size (or token budget)."""
-        lengths = batch.prompt_lengths + batch.response_lengths
-        budget = self.spec.trainer.max_tokens_per_micro_batch
-        if budget is None:
-            groups = fixed_micro_batches(rows, self.spec.trainer.micro_batch_size * scale)
+        trainer = self.spec.trainer
+        lengths = (batch.prompt_lengths + batch.response_lengths).cpu()
+        if trainer.max_tokens_per_micro_batch is None:
+            groups = fixed_micro_batches(rows, trainer.micro_batch_size * scale)
         else:
-            groups = token_budget_micro_batches(rows, lengths, budget * scale)
-        return [
-            MicroBatch(group, int(batch.prompt_lengths[group].min()), int(lengths[group].max())) for group in groups
-        ]
+            groups = token_budget_micro_batches(
+                rows, lengths, trainer.max_tokens_per_micro_batch * scale, packed=trainer.packing
+            )
+        return [MicroBatch.of(batch, group, trainer.packing) for group in groups]
 
     @torch.no_grad()
     def _log_probs(self, model, batch: RolloutBatch) -> torch.Tensor:
@@ -250,14 +261,12 @@ class GrpoTrainer:
         # SmolLM2's 64 samples here).
         micro_batches = self._micro_batches(batch, torch.arange(batch.size), scale=2)
 
-        def score(index: int, logits: torch.Tensor) -> torch.Tensor:
+        def score(index: int, hidden: torch.Tensor) -> torch.Tensor:
             mb = micro_batches[index]
-            logp[mb.cut], _ = log_probs_of_logits(
-                logits, batch.tokens[mb.cut], temperature, mb.first_response, Entropy.NONE
-            )
-            return logits.new_zeros(())
+            logp[mb.cut], _ = mb.scores(model, hidden, temperature, Entropy.NONE)
+            return hidden.new_zeros(())
 
-        run_micro_batches(model, [mb.model_input(batch.tokens) for mb in micro_batches], score, backward=False)
+        run_micro_batches(model, [mb.model_input for mb in micro_batches], score, backward=False)
         sum_over_stages(logp)  # the last stage's, on every stage
         return logp
 
@@ -328,13 +337,11 @@ class GrpoTrainer:
         entropy = Entropy.LOSS if spec.algorithm.entropy_coef > 0 else Entropy.METRIC
         micro_batches = self._micro_batches(ctx.batch, rows)
 
-        def score(index: int, logits: torch.Tensor) -> torch.Tensor:
+        def score(index: int, hidden: torch.Tensor) -> torch.Tensor:
             mb = micro_batches[index]
             cut = mb.cut
             m = ctx.mask[cut]
-            logp, ent = log_probs_of_logits(
-                logits, ctx.batch.tokens[cut], spec.rollout.temperature, mb.first_response, entropy
-            )
+            logp, ent = mb.scores(self.model, hidden, spec.rollout.temperature, entropy)
             if measure_gap:
                 on_policy = self._on_policy(ctx.rollout_id, ctx.batch)[mb.rows]
                 gap = LogprobGap.of(logp.detach(), ctx.batch.engine_logprobs[cut], m, on_policy)
@@ -371,7 +378,7 @@ class GrpoTrainer:
             )
             return loss
 
-        inputs = [mb.model_input(ctx.batch.tokens) for mb in micro_batches]
+        inputs = [mb.model_input for mb in micro_batches]
         if self.expert_load is None or not backward:
             run_micro_batches(self.model, inputs, score, backward)
         else:

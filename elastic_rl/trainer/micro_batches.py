@@ -1,10 +1,10 @@
 """How a shard of the global batch is cut into micro-batches for the forward and backward passes.
 
 Either a fixed number of samples each (``trainer.micro_batch_size``), or, with
-``trainer.max_tokens_per_micro_batch``, samples grouped by length so that each micro-batch,
-padded to its longest sample, holds at most that many token slots. The trainer cuts each
-micro-batch's padding to its longest sample, so short samples no longer pay for long ones.
-The losses are normalised by the global batch, so the gradient does not depend on the grouping.
+``trainer.max_tokens_per_micro_batch``, samples grouped by length so that each micro-batch
+holds at most that many tokens: packed (``trainer.packing``), the samples' own tokens
+(slime's dynamic batch size); padded, its samples times its longest one's length. The
+losses are normalised by the global batch, so the gradient does not depend on the grouping.
 """
 
 from __future__ import annotations
@@ -17,17 +17,24 @@ def fixed_micro_batches(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
     return list(rows.split(size))
 
 
-def token_budget_micro_batches(rows: torch.Tensor, lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:
-    """``rows`` from longest to shortest, packed while (samples × the longest one's length) stays
-    within ``budget``; a sample longer than the budget goes alone. ``lengths[i]`` is row i's length."""
+def token_budget_micro_batches(
+    rows: torch.Tensor, lengths: torch.Tensor, budget: int, *, packed: bool
+) -> list[torch.Tensor]:
+    """``rows`` from longest to shortest, each micro-batch filled while its tokens stay within ``budget``:
+    packed, the sum of its samples' lengths; padded, samples × the longest one's length. A sample longer
+    than the budget goes alone. ``lengths[i]`` is row i's length."""
     order = sorted(rows.tolist(), key=lambda row: (-int(lengths[row]), row))
     groups: list[list[int]] = []
+    held = 0  # the last group's tokens as the budget counts them
     for row in order:
         # Sorted longest first, so the group's first row is its longest.
-        if groups and int(lengths[groups[-1][0]]) * (len(groups[-1]) + 1) <= budget:
+        more = int(lengths[row]) if packed else int(lengths[groups[-1][0]]) if groups else 0
+        if groups and held + more <= budget:
             groups[-1].append(row)
+            held += more
         else:
             groups.append([row])
+            held = int(lengths[row])
     return [torch.tensor(group) for group in groups]
 
 

@@ -60,7 +60,7 @@ from elastic_rl.errors import SpecError
 from elastic_rl.events import emit_event
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.export import write_initial_checkpoint
-from elastic_rl.model.gpt import init_model_parallel
+from elastic_rl.model.gpt import ModelOptions, init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.net import LOOPBACK
 from elastic_rl.trainer.grpo import GrpoTrainer, RolloutContext
@@ -131,11 +131,12 @@ class TrainerReplica:
         self.rank = torch.distributed.get_rank()
         self.source = ModelSource.from_spec(spec.model)
         where = self.compute.torch_device
-        self.model = self.source.build_policy(precision, where, spec.trainer.moe_aux_loss_coef)
+        options = ModelOptions.of(spec.trainer)
+        self.model = self.source.build_policy(options, where)
         self.reference = None
         if spec.algorithm.kl_coef > 0:
             # Taken before any snapshot or heal: a restarted replica builds the same reference.
-            self.reference = self.source.build_reference(self.model, spec.algorithm.reference, precision, where)
+            self.reference = self.source.build_reference(self.model, spec.algorithm.reference, options, where)
         if self.reference is not None and precision is Precision.BF16_PARAMS:
             self.reference.bfloat16()  # as the policy computes once its optimizer casts it
         self.optimizer = build_optimizer(self.model, spec.trainer)

@@ -23,7 +23,7 @@ import torch
 
 from checkpoints.layout import snapshot_path
 from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
-from elastic_rl.model.gpt import init_model_parallel
+from elastic_rl.model.gpt import ModelOptions, init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.spec.loading import load_spec
 from elastic_rl.trainer.grpo import GrpoTrainer, NonFiniteStep
@@ -41,7 +41,7 @@ def replica(dtype: str, initial: dict | None = None) -> tuple[GrpoTrainer, Train
     if dtype == "bf16-params":
         layout = layout[:1]  # megatron's distributed optimizer shards
     spec = load_spec(SPEC, [*COMMON, *layout, f"trainer.dtype={dtype}"])
-    model = ModelSource.from_spec(spec.model).build_policy(Precision(dtype), "cuda")
+    model = ModelSource.from_spec(spec.model).build_policy(ModelOptions(Precision(dtype)), "cuda")
     if initial is not None:
         model.load_state_dict(initial)
     return solo_replica(spec, model)

@@ -23,7 +23,7 @@ import torch
 from checkpoints.rollout_log import RolloutBatch
 from elastic_rl import device as process_device
 from elastic_rl.memory_plan import plan
-from elastic_rl.model.gpt import init_model_parallel
+from elastic_rl.model.gpt import ModelOptions, init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.spec.loading import load_spec
 from elastic_rl.trainer.grad_norm import gradient_of
@@ -96,7 +96,7 @@ def main() -> None:
     batch = longest_batch(samples, planned.sequence, source.architecture.vocab_size)
 
     growth = PeakGrowth(compute.kind is DeviceKind.CUDA)
-    model = source.build_policy(Precision(spec.trainer.dtype), compute.torch_device)
+    model = source.build_policy(ModelOptions(Precision(spec.trainer.dtype)), compute.torch_device)
     optimizer = build_optimizer(model, spec.trainer)
     trainer = GrpoTrainer(spec, model, optimizer, None, None, replica=0)
     context = trainer.prepare(0, batch)

@@ -20,8 +20,10 @@ from megatron.core import parallel_state
 
 from elastic_rl.model.gpt import destroy_model_parallel, init_model_parallel
 from elastic_rl.model.megatron_state import full_state_dict
-from elastic_rl.model.pipeline import ModelInput, run_micro_batches
+from elastic_rl.model.packing import ModelInput
+from elastic_rl.model.pipeline import run_micro_batches
 from elastic_rl.model.source import ModelSource
+from elastic_rl.model.token_scores import output_logits
 from elastic_rl.model.vocab_parallel import gather_logits
 from elastic_rl.spec.model import ModelSpec
 
@@ -31,11 +33,11 @@ def last_stage_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Ten
     """The full-vocabulary logits of ``tokens``, on the last pipeline stage; None on the others."""
     logits = []
 
-    def keep(_index: int, stage_logits: torch.Tensor) -> torch.Tensor:
-        logits.append(gather_logits(stage_logits))
-        return stage_logits.new_zeros(())
+    def keep(_index: int, hidden: torch.Tensor) -> torch.Tensor:
+        logits.append(gather_logits(output_logits(model, hidden)))
+        return hidden.new_zeros(())
 
-    run_micro_batches(model, [ModelInput(tokens, 0)], keep, backward=False)
+    run_micro_batches(model, [ModelInput(tokens, tokens, rows=len(tokens))], keep, backward=False)
     return logits[0] if logits else None
 
 

@@ -78,10 +78,12 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return make_checkpoints(tmp_path_factory.mktemp("random-models"))
 
 
-def make_checkpoints(root: Path) -> dict[str, Path]:
-    """SmolLM2 and the random models, saved under ``root``, by name."""
-    assert (SMOLLM2 / "config.json").is_file(), f"{SMOLLM2} is missing: run `make models`"
-    found = {"smollm2": SMOLLM2}
+def make_checkpoints(root: Path, smollm2: bool = True) -> dict[str, Path]:
+    """SmolLM2 (unless not ``smollm2``) and the random models, saved under ``root``, by name."""
+    found = {}
+    if smollm2:
+        assert (SMOLLM2 / "config.json").is_file(), f"{SMOLLM2} is missing: run `make models`"
+        found["smollm2"] = SMOLLM2
     for name, config in RANDOM_MODELS.items():
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

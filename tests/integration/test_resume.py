@@ -24,7 +24,10 @@ ROLLOUTS = 12
 # A dead lighthouse costs the trainer one quorum timeout, kept short here. Half the example's
 # prompts a rollout (and half its global batch): what is checked does not need more. DAPO's
 # filter and over-sampling leave groups in the buffer across rollouts, so the kills find it full.
+# Every layer is recomputed in the backward pass: a restart resumes it as any other run.
 JOB = [
+    "--set",
+    "trainer.recompute=full",
     "--set",
     f"rollout.num_rollouts={ROLLOUTS}",
     "--set",

@@ -12,7 +12,11 @@ from elastic_rl.spec.loading import load_spec
 from policies.memory import (
     FP32_WHOLE,
     GIB,
+    LOGIT_COPIES,
     MEGATRON_BF16,
+    MIB,
+    ActivationLayout,
+    Kept,
     Layout,
     ModelShape,
     activation_bytes,
@@ -95,12 +99,26 @@ def test_bytes_per_parameter_and_the_sharded_optimizer():
     assert sharded.reference_bytes == 0
 
 
-def test_activations_grow_with_the_tokens_and_the_attention_with_the_sequence():
-    def activations(tokens: int, sequence: int) -> int:
-        return rank_memory(SMALL, Layout(), FP32_WHOLE, tokens, sequence, False).activation_bytes
+def test_activations_grow_with_the_tokens_and_only_unfused_attention_with_the_sequence():
+    fused, unfused = ActivationLayout(), ActivationLayout(fused_attention=False)
 
-    assert activations(200, 100) == 2 * activations(100, 100)
-    assert activations(100, 200) > activations(100, 100)
+    def activations(tokens: int, sequence: int, held: ActivationLayout) -> int:
+        return rank_memory(SMALL, Layout(), FP32_WHOLE, tokens, sequence, False, held).activation_bytes
+
+    assert activations(200, 100, fused) == 2 * activations(100, 100, fused)
+    assert activations(100, 200, fused) == activations(100, 100, fused)  # nothing of [seq, seq]
+    assert activations(100, 200, unfused) > activations(100, 100, unfused) > activations(100, 100, fused)
+
+
+def test_recomputation_and_chunked_logits_hold_less():
+    def activations(held: ActivationLayout) -> int:
+        return rank_memory(SMALL, Layout(), FP32_WHOLE, 4096, 4096, False, held).activation_bytes
+
+    kept = [activations(ActivationLayout(kept=kept)) for kept in (Kept.ALL, Kept.SELECTIVE, Kept.INPUTS)]
+    assert kept[0] > kept[1] > kept[2]
+    whole = activations(ActivationLayout())
+    capped = activations(ActivationLayout(logits_cap_bytes=MIB))
+    assert whole - capped == LOGIT_COPIES * (4096 * SMALL.vocab_size * 4 - MIB)
 
 
 def test_the_first_pipeline_stage_holds_a_micro_batch_in_flight_per_stage():

@@ -11,19 +11,11 @@ from megatron.core import parallel_state
 
 from elastic_rl.model import sequence_log_probs as module
 from elastic_rl.model.gpt import build_gpt, destroy_model_parallel, init_model_parallel
+from elastic_rl.model.token_scores import Entropy, scores_of_logits
 from elastic_rl.net import free_port
 from elastic_rl.spec.model import ModelSpec
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
-
-
-class FakeLogitsModel(torch.nn.Module):
-    """Stands in for the GPT model: its forward pass returns the logits it was given."""
-
-    def __init__(self, logits: torch.Tensor):
-        super().__init__()
-        self.logits = logits
-        self.anchor = torch.nn.Parameter(torch.zeros(1))  # where the model lives: the CPU
 
 
 @pytest.fixture
@@ -36,14 +28,13 @@ def single_rank_model_parallel():
     torch.distributed.destroy_process_group()
 
 
-def test_bf16_logits_give_the_fp32_log_probs_of_the_same_values(single_rank_model_parallel, monkeypatch):
-    monkeypatch.setattr(module, "forward_gpt", lambda model, tokens, first_logit: model.logits[:, first_logit:])
+def test_bf16_logits_give_the_fp32_log_probs_of_the_same_values(single_rank_model_parallel):
     generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, 64, (2, 9), generator=generator)
+    targets = torch.randint(0, 64, (2, 8), generator=generator)
     exact = (torch.randn(2, 8, 64, generator=generator) * 8).bfloat16()  # values bf16 holds exactly
     temperature = 0.7  # a quotient bf16 would round
-    logp_bf16, ent_bf16 = module.sequence_log_probs(FakeLogitsModel(exact), tokens, temperature)
-    logp_fp32, ent_fp32 = module.sequence_log_probs(FakeLogitsModel(exact.float()), tokens, temperature)
+    logp_bf16, ent_bf16 = scores_of_logits(exact, targets, temperature, Entropy.LOSS)
+    logp_fp32, ent_fp32 = scores_of_logits(exact.float(), targets, temperature, Entropy.LOSS)
     assert logp_bf16.dtype == torch.float32 and ent_bf16.dtype == torch.float32
     torch.testing.assert_close(logp_bf16, logp_fp32, rtol=0, atol=1e-6)
     torch.testing.assert_close(ent_bf16, ent_fp32, rtol=0, atol=1e-6)
@@ -66,21 +57,21 @@ def test_scoring_from_the_first_response_position_gives_the_same_log_probs_and_g
     response = torch.zeros(tokens.shape)
     response[:, first:] = 1.0
 
-    def scored(first_position: int, entropy: module.Entropy):
+    def scored(first_position: int, entropy: Entropy):
         tiny_gpt.zero_grad()
         logp, ent = module.sequence_log_probs(tiny_gpt, tokens, 0.9, first_position, entropy)
         loss = (logp * response).sum() + 0.1 * (ent.detach() * response).sum()
         loss.backward()
         return logp.detach(), ent.detach(), [p.grad.clone() for p in tiny_gpt.parameters()]
 
-    logp_all, ent_all, grads_all = scored(1, module.Entropy.LOSS)
-    logp_cut, ent_cut, grads_cut = scored(first, module.Entropy.METRIC)
+    logp_all, ent_all, grads_all = scored(1, Entropy.LOSS)
+    logp_cut, ent_cut, grads_cut = scored(first, Entropy.METRIC)
     assert bool((logp_cut[:, :first] == 0).all()) and bool((ent_cut[:, :first] == 0).all())
     torch.testing.assert_close(logp_cut[:, first:], logp_all[:, first:], rtol=0, atol=1e-6)
     torch.testing.assert_close(ent_cut[:, first:], ent_all[:, first:], rtol=0, atol=1e-6)
     for cut, whole in zip(grads_cut, grads_all):
         torch.testing.assert_close(cut, whole, rtol=0, atol=1e-6)
     with torch.no_grad():  # the old-policy pass: no entropy at all
-        logp_only, none = module.sequence_log_probs(tiny_gpt, tokens, 0.9, first, module.Entropy.NONE)
+        logp_only, none = module.sequence_log_probs(tiny_gpt, tokens, 0.9, first, Entropy.NONE)
     assert none is None
     torch.testing.assert_close(logp_only, logp_cut, rtol=0, atol=0)

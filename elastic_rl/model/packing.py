@@ -1,0 +1,124 @@
+"""A micro-batch as the model takes it: its samples padded to the longest one, or packed end to end.
+
+The rollout holds each sample as a row of ``tokens``: its prompt, then its
+response, right-padded to the rollout's width. The model scores response tokens:
+each one's log prob given the tokens before it, read from the final hidden state
+at the position before it.
+
+- **Padded**: the micro-batch's rows cut to its longest sample, less the last
+  column (no token follows it). Every position from the shortest prompt's last
+  token on is scored; a causal model's real tokens never see the padding on
+  their right.
+- **Packed**: each sample, less its last token, laid end to end as one sequence
+  of real tokens only (megatron's ``thd`` layout: ``[1, tokens]``, the samples'
+  boundaries in ``PackedSeqParams``). Attention stays within each sample and the
+  rotary positions restart at each. Only the positions before response tokens
+  are scored.
+
+Either way ``ModelInput.spread`` puts the scores of its positions back into the
+micro-batch's ``[rows, width]`` layout, 0 where nothing was scored, so every
+loss reads them as it reads a padded batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from megatron.core.packed_seq_params import PackedSeqParams
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """One micro-batch as the model takes it, and where its scored positions go."""
+
+    tokens: torch.Tensor
+    """Padded ``[rows, seq]``; packed ``[1, tokens]``."""
+    targets: torch.Tensor
+    """``[rows, scored]`` padded, ``[1, scored]`` packed: the token each scored position predicts."""
+    rows: int
+    """The samples it holds (what ``spread`` lays the scores out over)."""
+    first: int = 0
+    """Padded: the first scored position; every one after it is scored too."""
+    bounds: torch.Tensor | None = None
+    """Packed: where each sample starts in the sequence, and where the last ends (``cu_seqlens``)."""
+    positions: torch.Tensor | None = None
+    """Packed: the scored positions of the sequence."""
+    places: tuple[torch.Tensor, torch.Tensor] | None = None
+    """Packed: the (row, column) of each scored token in the micro-batch's ``[rows, width]`` layout."""
+
+    @property
+    def packed(self) -> bool:
+        return self.bounds is not None
+
+    def seq_params(self, device: torch.device) -> PackedSeqParams | None:
+        """megatron's description of a packed sequence (None when padded)."""
+        if self.bounds is None:
+            return None
+        bounds = self.bounds.to(device=device, dtype=torch.int32)
+        longest = int((self.bounds[1:] - self.bounds[:-1]).max())
+        return PackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds, max_seqlen_q=longest, max_seqlen_kv=longest
+        )
+
+    def select(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The scored positions of the decoder's output ``[seq, batch, hidden]``."""
+        if self.positions is None:
+            return hidden[self.first :]
+        return hidden.index_select(0, self.positions.to(hidden.device))
+
+    def spread(self, scores: torch.Tensor, width: int) -> torch.Tensor:
+        """``scores`` of the scored positions (``[batch, scored]``, as ``targets``) as ``[rows, width]``: each
+        at its token's place, 0 elsewhere. Differentiable."""
+        if self.places is None:
+            return torch.cat([scores.new_zeros(self.rows, width - scores.shape[1]), scores], dim=1)
+        rows, columns = (index.to(scores.device) for index in self.places)
+        return scores.new_zeros(self.rows, width).index_put((rows, columns), scores[0])
+
+    def padded_to(self, rows: int, seq: int) -> ModelInput:
+        """The same micro-batch with ``tokens`` grown to ``[rows, seq]`` (the shape the expert-parallel ranks
+        agreed on; packed, ``rows`` is 1 and the added tokens are a sample of their own). Scores the same
+        positions."""
+        more_rows, more_seq = rows - self.tokens.shape[0], seq - self.tokens.shape[1]
+        tokens = torch.nn.functional.pad(self.tokens, (0, more_seq, 0, more_rows))
+        if not self.packed or more_seq == 0:
+            return ModelInput(tokens, self.targets, self.rows, self.first, self.bounds, self.positions, self.places)
+        bounds = torch.cat([self.bounds, self.bounds.new_tensor([seq])])
+        return ModelInput(tokens, self.targets, self.rows, self.first, bounds, self.positions, self.places)
+
+
+def empty_input(rows: int, seq: int, packed: bool) -> ModelInput:
+    """A micro-batch of padding only, of the agreed shape, that scores one position (an expert-parallel rank
+    with fewer micro-batches than its peers runs it so that the dispatcher's collectives meet)."""
+    tokens = torch.zeros(rows, seq, dtype=torch.long)
+    targets = torch.zeros(rows, 1, dtype=torch.long)
+    if not packed:
+        return ModelInput(tokens, targets, rows=0, first=seq - 1)
+    bounds = torch.tensor([0, seq])
+    return ModelInput(tokens, targets[:1], rows=0, bounds=bounds, positions=torch.tensor([seq - 1]))
+
+
+def padded_input(tokens: torch.Tensor, prompt_lengths: torch.Tensor, lengths: torch.Tensor) -> ModelInput:
+    """The rows of ``tokens`` (a micro-batch's samples, ``lengths`` long each, the first ``prompt_lengths``
+    of them their prompts) padded to the longest sample."""
+    width, first = int(lengths.max()), int(prompt_lengths.min())
+    return ModelInput(tokens[:, : width - 1], tokens[:, first:width], rows=tokens.shape[0], first=first - 1)
+
+
+def packed_input(tokens: torch.Tensor, prompt_lengths: torch.Tensor, lengths: torch.Tensor) -> ModelInput:
+    """The rows of ``tokens`` packed end to end, each less its last token: what ``padded_input`` scores, with
+    no padding."""
+    columns = torch.arange(tokens.shape[1])
+    kept = (columns.unsqueeze(0) < (lengths - 1).unsqueeze(1)).to(tokens.device)  # each row less its last token
+    inputs = (lengths - 1).clamp(min=0)
+    starts = inputs.cumsum(0) - inputs
+    responses = (columns.unsqueeze(0) >= prompt_lengths.unsqueeze(1)) & (columns.unsqueeze(0) < lengths.unsqueeze(1))
+    rows, places = responses.nonzero(as_tuple=True)  # row by row, as the pack lays the samples out
+    return ModelInput(
+        tokens[kept].unsqueeze(0),
+        tokens[rows.to(tokens.device), places.to(tokens.device)].unsqueeze(0),
+        rows=tokens.shape[0],
+        bounds=torch.cat([starts, inputs.sum().unsqueeze(0)]),
+        positions=starts[rows] + places - 1,
+        places=(rows, places),
+    )
