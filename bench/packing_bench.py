@@ -1,6 +1,6 @@
 """Packed micro-batches against padded ones: the trainer's tokens per second on a long-tailed rollout.
 
-    .venv/bin/python bench/packing_bench.py                 # SmolLM2-135M-Instruct (`make models`), about 10 minutes
+    .venv/bin/python bench/packing_bench.py                 # SmolLM2-135M-Instruct (`make models`), about 20 minutes
     .venv/bin/python bench/packing_bench.py --model tiny    # the toy model, seconds
 
 One rollout of 64 samples whose lengths follow a long tail (lognormal: the longest 8 times the median),
@@ -45,11 +45,11 @@ SMOLLM2_SPEC = REPO / "examples" / "smollm2-math.yaml"
 
 
 def lengths(median: int, generator: torch.Generator) -> torch.Tensor:
-    """Sample lengths from a lognormal tail, scaled so the longest is 8 times the median."""
-    raw = torch.randn(SAMPLES, generator=generator).mul(0.9).exp()
-    scaled = raw / raw.median() * median
-    scaled = scaled / scaled.max() * 8 * median if scaled.max() > 8 * median else scaled
-    return scaled.round().long().clamp(min=PROMPT + 4)
+    """Sample lengths from a lognormal tail whose longest is 8 times its median: a normal draw, shifted to
+    a median of 0 and scaled so that its largest is log 8, then exponentiated."""
+    normal = torch.randn(SAMPLES, generator=generator)
+    normal = (normal - normal.median()) / (normal.max() - normal.median()) * math.log(8)
+    return (normal.exp() * median).round().long().clamp(min=PROMPT + 4)
 
 
 def step(spec, initial: dict, batch) -> tuple[float, float, list[torch.Tensor]]:
