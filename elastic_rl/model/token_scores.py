@@ -134,8 +134,9 @@ class ChunkedScores(torch.autograd.Function):
         compute = autocast_dtype or weight.dtype
         scale = temperature if temperature > 0 else 1.0
         logp, maxima, log_z, ent = [], [], [], []
+        computed_weight = weight.to(compute)  # cast once, not a vocabulary-wide copy per chunk
         for start in range(0, hidden.shape[0], chunk):
-            logits = _chunk_logits(hidden[start : start + chunk], weight, compute, scale)
+            logits = _chunk_logits(hidden[start : start + chunk], computed_weight, compute, scale)
             shifted, chunk_log_z, chunk_max = normaliser(logits)
             logp.append(picked(shifted, targets[start : start + chunk]) - chunk_log_z)
             maxima.append(chunk_max)
@@ -157,10 +158,11 @@ class ChunkedScores(torch.autograd.Function):
         start_vocab, end_vocab = shard_bounds(weight.shape[0])
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        computed_weight = weight.to(compute)
         for start in range(0, hidden.shape[0], chunk):
             end = min(start + chunk, hidden.shape[0])
             piece = hidden[start:end]
-            shifted = _chunk_logits(piece, weight, compute, scale) - maxima[start:end, None]
+            shifted = _chunk_logits(piece, computed_weight, compute, scale) - maxima[start:end, None]
             log_p = shifted - log_z[start:end, None]
             probs = log_p.exp()
             # d logp(target) / d z = onehot(target) - p; d entropy / d z = -p (log p + entropy), z = logits / T.
@@ -172,11 +174,12 @@ class ChunkedScores(torch.autograd.Function):
             rows = mine.nonzero().squeeze(1)
             grad[rows, local[rows] - start_vocab] += grad_logp[start:end][rows]
             grad = (grad / scale).to(compute)
-            grad_hidden[start:end] = (grad @ weight.to(compute)).to(hidden.dtype)
+            grad_hidden[start:end] = (grad @ computed_weight).to(hidden.dtype)
             grad_weight += (grad.t() @ piece.to(compute)).float()
         return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None, None
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, compute: torch.dtype, scale: float) -> torch.Tensor:
-    """fp32 logits of a chunk of positions, over the temperature, from products in ``compute`` precision."""
-    return F.linear(hidden.to(compute), weight.to(compute)).float() / scale
+    """fp32 logits of a chunk of positions, over the temperature, from products in ``compute`` precision
+    (``weight`` is in it already)."""
+    return F.linear(hidden.to(compute), weight).float() / scale
