@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 SMOLLM2 := models/smollm2-135m-instruct
 
-.PHONY: setup models run smollm2 demo lint test chaos etcd slurm clean
+.PHONY: setup models run smollm2 demo lint docs test chaos etcd slurm clean
 
 setup: $(INSTALLED) etcd
 
@@ -45,11 +45,17 @@ smollm2: setup models
 demo: setup
 	$(PY) -m elastic_rl.demo examples/tiny-grpo.yaml
 
-# ruff's lint rules and formatting, then the import contracts in pyproject.toml (no circles; imports go down).
+# ruff's lint rules and formatting, the import contracts in pyproject.toml (no circles; imports go down),
+# and the generated reference pages current with the code.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-logo
+	$(PY) scripts/reference_docs.py --check
+
+# Regenerate docs/reference/ from the code.
+docs: setup
+	$(PY) scripts/reference_docs.py
 
 test: setup models lint
 	$(PY) -m pytest

@@ -22,7 +22,7 @@ services; at most 64% of the slots) is submitted and measured:
 With ``--secure`` etcd runs as a shared cluster runs it (TLS, client
 certificates, auth on: ``tests/secure_etcd.py``) and every erld signs in.
 Prints a markdown table and writes the figures as JSON. Every erld runs on
-this machine's two cores beside etcd: the figures are this host's, the
+the host's cores beside etcd: the figures are this host's, the
 ratios between sizes are what carries over.
 """
 

@@ -8,7 +8,7 @@ a drain's does not), submitted once every erld's pre-imported interpreters are r
 Once 6 rollouts are trained, the node holding the job's services (with a replica or an engine beside
 them, where placement puts one) is either drained (`erl drain --deadline 120`) or killed with
 everything on it; drain and kill alternate, `--repeats` times each. Waiting for the pools matters on
-this 2-core machine: beside a job that keeps both cores busy, three erlds' pools import at the lowest
+a 2-core machine: beside a job that keeps both cores busy, three erlds' pools import at the lowest
 CPU priority for minutes, and a process handed an interpreter still importing waits for it (3.5 s for
 the orchestrator, which a drain moves and a kill restarts alike).
 

@@ -8,7 +8,7 @@ same sampling (temperature 1, every response forced to the full length) for:
 cpu engine serving them as concurrent requests (continuous batching); and the
 cpu engine in deterministic mode (each sequence its own forward passes). Each
 runs with the same number of torch threads. Reports tokens/s, the ratios, and
-the peak RSS of each engine process (VmHWM). Results go in docs/benchmarks.md.
+the peak RSS of each engine process (VmHWM). Results go in docs/benchmarks/engines.md.
 """
 
 from __future__ import annotations

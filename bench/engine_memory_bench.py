@@ -9,7 +9,7 @@ a release of the weights and KV cache and a resume. Reports the engine's
 resident memory (RSS) served, released and resumed, against the model's size
 as served (float32), the time of each release and resume (the resume reads
 the weights from disk again), and whether the tokens served after each resume
-equal those served before any release. Results go in docs/benchmarks.md.
+equal those served before any release. Results go in docs/benchmarks/engines.md.
 """
 
 from __future__ import annotations

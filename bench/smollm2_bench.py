@@ -9,7 +9,7 @@ against wall time, the mean reward of the first and of the last rollouts, the
 time split of a rollout (generation, training, weight export, the engines'
 weight load, snapshot), the snapshot stall as a fraction of an optimizer step
 and the rollout commit as a fraction of a rollout's generation. Results go in
-docs/benchmarks.md.
+docs/benchmarks/checkpoint-first.md.
 """
 
 from __future__ import annotations

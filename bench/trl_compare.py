@@ -24,7 +24,7 @@ ends), the reward of each iteration, the reward gain per wall-clock minute
 (last three iterations' mean reward less the first's, over the minutes from
 launch to the last iteration's end), and generated tokens per second of
 iteration. For elastic-rl also where an iteration's time went
-(metrics.jsonl's accounting). Results go in docs/benchmarks.md.
+(metrics.jsonl's accounting). Results go in docs/benchmarks/trl.md.
 """
 
 from __future__ import annotations

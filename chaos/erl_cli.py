@@ -3,7 +3,7 @@ fault loop, the `scale_engines` fault), the integration tests and the benchmarks
 
 ``erl`` runs one command and returns the finished process. ``job_status`` is what `erl status JOB
 -o json` prints, read in this process: the fault loop and the tests poll it several times a second,
-and a CLI process per poll would take most of one of this machine's two cores from the job.
+and a CLI process per poll would take most of a core from the job on a small machine.
 """
 
 from __future__ import annotations

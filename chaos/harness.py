@@ -29,6 +29,7 @@ from chaos.scenario import At, ChaosScenario, During, FaultKind
 from chaos.topology import REPO, Topology
 from checkpoints import layout
 from elastic_rl.spec.loading import load_spec
+from elastic_rl.store.job_phase import TERMINAL_PHASES, JobPhase
 from elastic_rl.trainer.nan_injection import ENV_VAR as NAN_ENV_VAR
 
 # The harness reads the whole rollout log and every snapshot afterwards.
@@ -101,7 +102,7 @@ def _run(scenario: ChaosScenario, root: Path, faulty: bool) -> tuple[JobRun, Pat
                 faults,
                 rng=rng if faulty else None,
                 timeout_s=scenario.timeout_s,
-                expect=("succeeded", "failed", "stopped"),
+                expect=TERMINAL_PHASES,
             )
     finally:
         if mounted:
@@ -133,7 +134,7 @@ def reference_run(scenario: ChaosScenario, cache: Path) -> tuple[Path, float]:
         return folder / "job", saved["wall_s"]
     shutil.rmtree(folder, ignore_errors=True)
     run, workdir = _run(scenario, folder, faulty=False)
-    if run.status["phase"] != "succeeded":
+    if run.status["phase"] != JobPhase.SUCCEEDED:
         raise RuntimeError(f"the fault-free reference run did not succeed: {run.status}")
     wall = wall_time(workdir)
     record.write_bytes(orjson.dumps({"wall_s": wall, "scenario": scenario.name}))

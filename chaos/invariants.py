@@ -53,6 +53,7 @@ from checkpoints.manifest import read_manifest
 from checkpoints.rollout_log import BATCH_FILE
 from elastic_rl.engines import token_ledger
 from elastic_rl.spec.job import JobSpec
+from elastic_rl.store.job_phase import JobPhase
 from policies.determinism import LOGPROB_GAP_BOUND, ON_POLICY_GAP, logprob_gap_exceeded, versions_out_of_bounds
 
 
@@ -293,9 +294,9 @@ def check_nothing_redone(events: list[dict]) -> Check:
 
 def check_terminal(status: dict) -> Check:
     phase, reason = status.get("phase"), status.get("reason", "")
-    if phase == "succeeded":
+    if phase == JobPhase.SUCCEEDED:
         return Check("the job ended with a reason", True, "succeeded")
-    if phase in ("failed", "stopped") and reason:
+    if phase in (JobPhase.FAILED, JobPhase.STOPPED) and reason:
         return Check("the job ended with a reason", False, f"{phase}: {reason}")
     return Check("the job ended with a reason", False, f"{phase} without a reason")
 
@@ -307,7 +308,7 @@ def check_run(
     spec = read_spec(run)
     events = layout.read_lines(layout.events_path(run))
     checks = [check_terminal(status)]
-    if status.get("phase") != "succeeded":
+    if status.get("phase") != JobPhase.SUCCEEDED:
         return checks
     if nothing_redone:
         checks.append(check_nothing_redone(events))

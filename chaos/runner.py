@@ -24,11 +24,12 @@ from chaos.scenario import Fault
 from chaos.topology import Topology
 from checkpoints import inflight_log, layout
 from elastic_rl.spec.loading import load_spec
+from elastic_rl.store.job_phase import LEAVING_PHASES, JobPhase
 
 Moment = int | float | Callable[[Path], bool]
 """A rollout count, or a predicate of the work dir (e.g. "a replica has healed")."""
 Action = Fault | Callable[[], None]
-UNFINISHED = ("pending", "running", "stopping", "pausing", "paused")
+UNFINISHED = (JobPhase.PENDING, JobPhase.RUNNING, *LEAVING_PHASES, JobPhase.PAUSED)
 """The phases of a job that has not ended: a paused one resumes by itself when its minimum fits."""
 
 TARGET_WAIT_S = 60.0
@@ -118,7 +119,7 @@ def run_job(
     faults: list[tuple[Action, Moment]] = (),
     rng: random.Random | None = None,
     timeout_s: float = 600,
-    expect: tuple[str, ...] = ("succeeded",),
+    expect: tuple[str, ...] = (JobPhase.SUCCEEDED,),
 ) -> JobRun:
     """Run ``spec`` to its end with ``faults`` (each with its moment); the job must end in ``expect``."""
     job = load_spec(spec).name

@@ -55,12 +55,14 @@ from elastic_rl.atomic import write_file_atomic
 from elastic_rl.engines import token_ledger
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.errors import EngineError
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.events import EventLog
 from elastic_rl.net import url
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots, mark_failed
+from elastic_rl.store.job_phase import LEAVING_PHASES, TERMINAL_PHASES, JobPhase
 from policies.devices import DeviceKind
 from policies.drain import engine_may_stop
 from policies.engine_health import EngineLoad, EngineWatch
@@ -69,7 +71,6 @@ from policies.restart import RestartPolicy
 
 log = logging.getLogger("erld.agent")
 
-TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 REAP_TIMEOUT_S = 5.0  # a SIGKILLed process is gone within this; one that is not is reported anyway
 STOPPING_READ_TIMEOUT_S = 1.0
 ENGINE_HANDOVER_S = 10.0
@@ -172,7 +173,7 @@ class JobAgent:
             await self.store.put(keys.proc(self.job_id, proc.name), record, lease=self.lease)
             self.published[proc.name] = record
 
-    async def _set_phase(self, phase: str, reason: str) -> None:
+    async def _set_phase(self, phase: JobPhase, reason: str) -> None:
         ended = {"phase": phase, "reason": reason, "ended": time.time()}
         await self.store.modify(
             keys.job_status(self.job_id),
@@ -186,9 +187,9 @@ class JobAgent:
     ) -> None:
         """One supervision pass; ``assigned``: every assignment of the job; ``reported``: every
         process record of the job in etcd (other nodes' too); ``failed``: this node's failed slots."""
-        if status["phase"] in ("stopping", "pausing", "paused", *TERMINAL_PHASES):
+        if status["phase"] in (*LEAVING_PHASES, JobPhase.PAUSED, *TERMINAL_PHASES):
             # A pausing job stops as a stopped one does (trainers finish the rollout in hand and snapshot).
-            await self.stop(graceful=status["phase"] in ("stopping", "pausing"))
+            await self.stop(graceful=status["phase"] in LEAVING_PHASES)
             return
         mine = {name: a for name, a in assigned.items() if a["node"] == self.node}
         await self._take_promotions(mine)
@@ -198,7 +199,7 @@ class JobAgent:
         for proc in self.table.of_job(self.job_id):
             if proc.state is ProcState.RUNNING and not self.table.alive(proc):
                 await self._on_exit(proc, assigned, reported, now)
-                if status.get("phase") != "running" or await self._job_over():
+                if status.get("phase") != JobPhase.RUNNING or await self._job_over():
                     return
         await self._start_assigned(mine, assigned, failed)
         await self._check_export()
@@ -281,7 +282,7 @@ class JobAgent:
             self.health_watches.pop(name, None)
             self._in_background(name, self._stop_when_idle(proc, assignment["drain"]))
             await self.events.emit(
-                "engine_draining", "out of the router; finishing its requests", proc=name, device=proc.device
+                EventKind.ENGINE_DRAINING, "out of the router; finishing its requests", proc=name, device=proc.device
             )
 
     async def _stop_when_idle(self, proc: LocalProc, deadline: float) -> None:
@@ -315,12 +316,12 @@ class JobAgent:
             if not any(a.get("adopt") == name for a in assigned.values())
         )
         facts = ExitFacts(
-            spec.role.value,
-            proc.exit_code,
-            bool(progress.get("finished")),
-            idle_spare,
-            tuple(proc.restarts),
-            now,
+            role=spec.role.value,
+            exit_code=proc.exit_code,
+            job_finished=bool(progress.get("finished")),
+            idle_spare=idle_spare,
+            restarts=tuple(proc.restarts),
+            now=now,
             given_up=progress.get("failure", ""),
             other_engines=self._other_engines(proc.name, reported),
             asked_to_leave=bool(assigned.get(proc.name, {}).get("drain")),
@@ -329,8 +330,8 @@ class JobAgent:
         if decision.action is ExitAction.SUCCEED_JOB:
             proc.state = ProcState.EXITED
             await self._publish(proc)
-            await self._set_phase("succeeded", "")
-            await self.events.emit("job_succeeded", decision.reason)
+            await self._set_phase(JobPhase.SUCCEEDED, "")
+            await self.events.emit(EventKind.JOB_SUCCEEDED, decision.reason)
             return
         if decision.action is ExitAction.DRAINED:
             proc.state = ProcState.DRAINED  # left at its safe point: the controller moves it
@@ -339,7 +340,7 @@ class JobAgent:
             proc.state = ProcState.EXITED
             return
         await self.events.emit(
-            "proc_exited",
+            EventKind.PROC_EXITED,
             f"exit code {proc.exit_code}; see logs/{proc.name}.log",
             proc=proc.name,
             exit_code=proc.exit_code,
@@ -370,8 +371,8 @@ class JobAgent:
             proc.state = ProcState.FAILED
             reason = f"{proc.name} {decision.reason}; last exit code {proc.exit_code}; see logs/{proc.name}.log"
             await self._publish(proc)
-            await self._set_phase("failed", reason)
-            await self.events.emit("job_failed", reason, proc=proc.name)
+            await self._set_phase(JobPhase.FAILED, reason)
+            await self.events.emit(EventKind.JOB_FAILED, reason, proc=proc.name)
             return
         if decision.action is ExitAction.GIVE_UP_ENGINE:
             proc.state = ProcState.FAILED
@@ -381,7 +382,7 @@ class JobAgent:
                 keys.job_status(self.job_id),
                 lambda status: {**status, "degraded": [*status.get("degraded", []), reason]},
             )
-            await self.events.emit("engine_given_up", decision.reason, proc=proc.name, device=proc.device)
+            await self.events.emit(EventKind.ENGINE_GIVEN_UP, decision.reason, proc=proc.name, device=proc.device)
             return
         if decision.action is ExitAction.MOVE_REPLICA:
             if decision.quarantine_device:
@@ -393,7 +394,7 @@ class JobAgent:
                 member.state = ProcState.DISPLACED
             return
         if decision.rollback:
-            await self.events.emit("trainer_rollback", decision.reason, proc=proc.name)
+            await self.events.emit(EventKind.TRAINER_ROLLBACK, decision.reason, proc=proc.name)
         for member in group:
             member.state, member.restart_at = ProcState.RESTARTING, now + decision.delay_s
         proc.restarts.append(now)
@@ -463,8 +464,8 @@ class JobAgent:
             return
         error, self._exporting = self._exporting.exception(), None
         if error is not None:
-            await self._set_phase("failed", str(error))
-            await self.events.emit("job_failed", str(error))
+            await self._set_phase(JobPhase.FAILED, str(error))
+            await self.events.emit(EventKind.JOB_FAILED, str(error))
 
     async def _export_initial_weights(self) -> None:
         log_path = layout.proc_log_path(self.workdir, "init-weights")
@@ -498,7 +499,7 @@ class JobAgent:
         how = "from a pre-imported interpreter" if from_pool else "cold"
         if restarted:
             await self.events.emit(
-                "proc_restarted",
+                EventKind.PROC_RESTARTED,
                 f"restart {len(proc.restarts)}, {how}",
                 proc=proc.name,
                 device=proc.device,
@@ -507,7 +508,11 @@ class JobAgent:
         elif not assignment.get("initial"):
             # Placed after the job started: a new spare, a moved group, an added engine.
             await self.events.emit(
-                "proc_started", f"on node {self.node}, {how}", proc=proc.name, device=proc.device, from_pool=from_pool
+                EventKind.PROC_STARTED,
+                f"on node {self.node}, {how}",
+                proc=proc.name,
+                device=proc.device,
+                from_pool=from_pool,
             )
         if spec.role is Role.ENGINE:
             # A replaced, moved or added engine is news; the job's first engines are not.
@@ -533,7 +538,9 @@ class JobAgent:
         self.health_watches[proc.name] = EngineWatch(time.time())
         await self._publish(proc)
         if announce:
-            await self.events.emit("engine_serving", "registered with the router", proc=proc.name, device=proc.device)
+            await self.events.emit(
+                EventKind.ENGINE_SERVING, "registered with the router", proc=proc.name, device=proc.device
+            )
 
     async def _register_every_engine(self, router_url: str) -> None:
         reported = await self.store.get_prefix(keys.procs(self.job_id))
@@ -597,14 +604,24 @@ class JobAgent:
     async def _replace_engine(self, proc: LocalProc, reason: str) -> None:
         """An engine that is hung or did not start: killed, then dealt with as any exit of it is (restarted
         after the restart policy's backoff, given up once its budget is spent)."""
-        await self.events.emit("engine_unhealthy", f"{reason}; replacing it", proc=proc.name, device=proc.device)
+        await self.events.emit(
+            EventKind.ENGINE_UNHEALTHY, f"{reason}; replacing it", proc=proc.name, device=proc.device
+        )
         records = await self.store.get_prefix(keys.procs(self.job_id))
         others = self._other_engines(proc.name, {keys.last_part(key): record for key, record in records.items()})
         # No await from the kill to the new state: the supervision pass must not take it for an exit too.
         proc.serving = False
         self.table.signal(proc, signal.SIGKILL)
         now = time.time()
-        facts = ExitFacts("engine", None, False, False, tuple(proc.restarts), now, other_engines=others)
+        facts = ExitFacts(
+            role="engine",
+            exit_code=None,
+            job_finished=False,
+            idle_spare=False,
+            restarts=tuple(proc.restarts),
+            now=now,
+            other_engines=others,
+        )
         await self._carry_out(proc, decide_exit(facts, self.policy), [proc], now)
         await self._publish(proc)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daemon.plan import proc_spec
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.store import keys
 from elastic_rl.store.devices import assignment_slots, failed_slots, used_slots
 from policies.devices import DeviceKind
@@ -147,7 +148,7 @@ class Changes:
 
     puts: dict[str, Any] = field(default_factory=dict)
     deletes: set[str] = field(default_factory=set)
-    events: list[tuple[str, str, dict]] = field(default_factory=list)
+    events: list[tuple[EventKind, str, dict]] = field(default_factory=list)
     services_handed_over: bool = False
     """The services left a draining node at the orchestrator's commit: the trainers follow them in process."""
 

@@ -62,18 +62,18 @@ from daemon.cluster import Changes, Cluster, by_group, colocated_with, held_slot
 from daemon.draining import drain_groups, relieved_lighthouse_in_use
 from daemon.plan import SERVICES, engine_group, group_procs, job_groups, replica_group
 from elastic_rl import jobenv
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.events import EventLog
 from elastic_rl.net import free_port
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
 from elastic_rl.store.devices import assignment_slots
+from elastic_rl.store.job_phase import TERMINAL_PHASES, JobPhase
 from policies.capacity import SIZED, Size, Sweep, colocated_engines, current_sizes, in_sweep, mark_growth
 from policies.placement import TRAINER_KINDS, Group, GroupKind, place_groups
 
 log = logging.getLogger("erld.controller")
-
-TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 
 
 class NotLeader(Exception):
@@ -125,24 +125,24 @@ class Controller:
     async def _decide(self, job_id: str, cluster: Cluster, sweep: Sweep) -> None:
         status = cluster.statuses[job_id]
         phase = status.get("phase")
-        if phase == "running":
+        if phase == JobPhase.RUNNING:
             await self._keep_placed(job_id, status, cluster, sweep)
         elif sweep is Sweep.NEEDED:
             assigned = cluster.assignments.get(job_id, {})
             reported = cluster.reported.get(job_id, {})
             quiet = not any(r.get("state") == "running" for r in reported.values())
-            if phase == "pending":
+            if phase == JobPhase.PENDING:
                 await self._place_new(job_id, status, cluster)
-            elif phase == "stopping" and quiet:
-                stopped = {**status, "phase": "stopped", "reason": "stopped by request", "ended": time.time()}
+            elif phase == JobPhase.STOPPING and quiet:
+                stopped = {**status, "phase": JobPhase.STOPPED, "reason": "stopped by request", "ended": time.time()}
                 await self._commit({keys.job_status(job_id): stopped}, {keys.assignment(job_id, n) for n in assigned})
-                await self.events_for(job_id, Path(status["workdir"])).emit("job_stopped", "stopped by request")
-            elif phase == "pausing" and quiet:
-                paused = {**status, "phase": "paused"}
+                await self.events_for(job_id, Path(status["workdir"])).emit(EventKind.JOB_STOPPED, "stopped by request")
+            elif phase == JobPhase.PAUSING and quiet:
+                paused = {**status, "phase": JobPhase.PAUSED}
                 await self._commit({keys.job_status(job_id): paused}, {keys.assignment(job_id, n) for n in assigned})
                 cluster.statuses[job_id], cluster.assignments[job_id] = paused, {}
-                await self.events_for(job_id, Path(status["workdir"])).emit("job_paused", status["reason"])
-            elif phase == "paused":
+                await self.events_for(job_id, Path(status["workdir"])).emit(EventKind.JOB_PAUSED, status["reason"])
+            elif phase == JobPhase.PAUSED:
                 await self._resume_when_it_fits(job_id, status, cluster)
             elif phase in TERMINAL_PHASES and assigned:
                 await self._commit({}, {keys.assignment(job_id, n) for n in assigned})
@@ -214,14 +214,14 @@ class Controller:
             made.update(self._assign(wanted[name], node, devices, cluster.nodes, generation))
         for assignment in made.values():
             assignment["initial"] = True  # what the job starts with: no news when it comes up
-        running = {**status, "phase": "running", "reason": "", "generation": generation, "unplaced": []}
+        running = {**status, "phase": JobPhase.RUNNING, "reason": "", "generation": generation, "unplaced": []}
         await self._commit(
             {keys.job_status(job_id): running, **{keys.assignment(job_id, n): a for n, a in made.items()}}
         )
         cluster.statuses[job_id], cluster.assignments[job_id] = running, made
         where = sorted({a["node"] for a in made.values()})
         await self.events_for(job_id, workdir).emit(
-            "job_started", f"{len(made)} processes on node(s) {', '.join(where)}", nodes=where
+            EventKind.JOB_STARTED, f"{len(made)} processes on node(s) {', '.join(where)}", nodes=where
         )
 
     async def _resume_when_it_fits(self, job_id: str, status: dict, cluster: Cluster) -> None:
@@ -230,12 +230,12 @@ class Controller:
         spec = await self._spec(job_id)
         if not place_groups(self._minimum(spec, status), cluster.free(), kinds=cluster.kinds()).complete:
             return
-        queued = {**status, "phase": "pending", "reason": "", "resumed": time.time(), "degraded": []}
+        queued = {**status, "phase": JobPhase.PENDING, "reason": "", "resumed": time.time(), "degraded": []}
         queued.pop("below_min_since", None)
         await self._commit({keys.job_status(job_id): queued})
         cluster.statuses[job_id] = queued
         await self.events_for(job_id, Path(status["workdir"])).emit(
-            "job_resumed", "room for its minimum again: it resumes from its newest snapshot"
+            EventKind.JOB_RESUMED, "room for its minimum again: it resumes from its newest snapshot"
         )
 
     async def _keep_placed(self, job_id: str, status: dict, cluster: Cluster, sweep: Sweep) -> None:
@@ -257,7 +257,7 @@ class Controller:
         for group in lost:
             changes.deletes |= {keys.assignment(job_id, n) for n in groups[group]}
             if lost[group] == "scaled away" and group.startswith("replica-"):
-                changes.events.append(("replica_removed", f"{group} leaves (`erl scale`)", {"group": group}))
+                changes.events.append((EventKind.REPLICA_REMOVED, f"{group} leaves (`erl scale`)", {"group": group}))
         kept = {g: m for g, m in groups.items() if g not in lost}
         services_restart = SERVICES in lost and not changes.services_handed_over
         # When the services move every trainer restarts anyway: no spare is worth promoting then.
@@ -285,7 +285,7 @@ class Controller:
         engines = sum(1 for g in wanted if g.startswith("engine-"))
         before = status.get("engines_placed", spec.engine_count)
         if engines != before:
-            changes.events.append(("engines_scaled", f"{before} -> {engines} engines", {"engines": engines}))
+            changes.events.append((EventKind.ENGINES_SCALED, f"{before} -> {engines} engines", {"engines": engines}))
         held = Counter(wanted[g].kind for g in set(kept) | placed if g in wanted)
         sizes = self._sizes(spec, status)
         new_status = {
@@ -324,7 +324,7 @@ class Controller:
         since = status.setdefault("below_min_since", time.time())
         grace = spec.fault_tolerance.below_min_grace_s
         if time.time() - since > grace:
-            status["phase"] = "pausing"
+            status["phase"] = JobPhase.PAUSING
             status["reason"] = f"no room for {', '.join(sorted(short))} for {grace:g} s: paused until there is"
 
     @staticmethod
@@ -368,7 +368,7 @@ class Controller:
             promoted.add(group)
             changes.events.append(
                 (
-                    "spare_promoted",
+                    EventKind.SPARE_PROMOTED,
                     f"{spare} takes the place of {group} ({lost[group]})",
                     {"proc": sorted(groups[group])[0]},
                 )
@@ -418,16 +418,20 @@ class Controller:
             kind = wanted[group].kind.value
             if sweep is not Sweep.NEEDED:
                 changes.events.append(
-                    (f"{kind}_added", f"{group} joins on node {node}", {"group": group, "node": node})
+                    (EventKind(f"{kind}_added"), f"{group} joins on node {node}", {"group": group, "node": node})
                 )
             elif group in lost:
                 changes.events.append(
-                    (f"{kind}_moved", f"{group} moves to node {node} ({lost[group]})", {"node": node})
+                    (EventKind(f"{kind}_moved"), f"{group} moves to node {node} ({lost[group]})", {"node": node})
                 )
         degraded = set(placement.unplaced)
         for group in degraded - set(status.get("unplaced", [])):
             kind = wanted[group].kind.value
             changes.events.append(
-                (f"{kind}_degraded", f"{group} waits for room ({placement.reason}); the job runs on without it", {})
+                (
+                    EventKind(f"{kind}_degraded"),
+                    f"{group} waits for room ({placement.reason}); the job runs on without it",
+                    {},
+                )
             )
         return set(placement.assigned), degraded

@@ -18,6 +18,7 @@ from pathlib import Path
 from checkpoints import layout
 from daemon.cluster import Changes, Cluster, node_of, reported_state
 from daemon.plan import SERVICES
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.store import keys
 from policies.drain import DrainStep, drain_step
 from policies.placement import GroupKind
@@ -66,7 +67,7 @@ def drain_groups(
                 announced.add(node)
                 changes.events.append(
                     (
-                        "node_draining",
+                        EventKind.NODE_DRAINING,
                         f"node {node} drains by {time.strftime('%H:%M:%S', time.localtime(drain['deadline']))}",
                         {"node": node, "deadline": drain["deadline"]},
                     )
@@ -77,7 +78,7 @@ def drain_groups(
     for node in cluster.draining:
         here = {g for g, m in groups.items() if node_of(m) == node}
         if here and here <= set(leaving) | set(lost) and here & set(leaving):
-            changes.events.append(("node_drained", f"the job has left node {node}", {"node": node}))
+            changes.events.append((EventKind.NODE_DRAINED, f"the job has left node {node}", {"node": node}))
     return leaving
 
 

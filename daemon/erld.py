@@ -49,7 +49,7 @@ from typing import Any
 import orjson
 import psutil
 
-from daemon.agent import TERMINAL_PHASES, JobAgent
+from daemon.agent import JobAgent
 from daemon.cluster import Cluster, ClusterRecords
 from daemon.controller import Controller, NotLeader
 from daemon.metrics import MetricsServer
@@ -60,15 +60,16 @@ from daemon.proctable import ProcessTable, ProcState
 from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.errors import InputError
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.events import EventLog
 from elastic_rl.jobs import secret_of
 from elastic_rl.net import LOOPBACK
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import LeaseExpired, Store, StoreUnavailable
-from elastic_rl.store.devices import ACTIVE_PHASES
 from elastic_rl.store.drains import start_drain
 from elastic_rl.store.embedded import EmbeddedEtcd
+from elastic_rl.store.job_phase import ACTIVE_PHASES, TERMINAL_PHASES
 from elastic_rl.store.mirror import Mirror
 from policies.devices import DeviceKind
 
@@ -348,7 +349,7 @@ class Erld:
                 continue
             names = ", ".join(p.name for p in adopted if p.job == job_id)
             await self._events(job_id, Path(status["workdir"])).emit(
-                "job_adopted", f"adopted running processes: {names}"
+                EventKind.JOB_ADOPTED, f"adopted running processes: {names}"
             )
 
     def load_state(self) -> list[dict[str, Any]]:
@@ -468,7 +469,9 @@ class Erld:
         self.notifier.stopping()
         for agent in self.agents.values():
             await agent.stop(graceful=True)
-            await agent.events.emit("erld_stopped", "processes stopped with erld; the job resumes when it starts")
+            await agent.events.emit(
+                EventKind.ERLD_STOPPED, "processes stopped with erld; the job resumes when it starts"
+            )
         self.agents.clear()
         self.pool.close()
         self.state_file.unlink(missing_ok=True)

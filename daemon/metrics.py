@@ -31,6 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from checkpoints import layout
 from checkpoints.discovery import newest_committed_snapshot
+from elastic_rl.store.job_phase import JobPhase
 from policies.fault_time import FAULT_SIGNS, time_lost_to_faults
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class ClusterCollector:
             labels=["job", "slot", "phase"],
         )
         for job, status in sorted(cluster.statuses.items()):
-            if status.get("phase") != "running":
+            if status.get("phase") != JobPhase.RUNNING:
                 continue
             progress = cluster.progress.get(job, {})
             for (slot, phase), peak in slot_peaks(progress.get("metrics", {})).items():
@@ -162,7 +163,7 @@ class ClusterCollector:
             labels=["job", "kind", "bound"],
         )
         for job, status in sorted(cluster.statuses.items()):
-            if status.get("phase") != "running":
+            if status.get("phase") != JobPhase.RUNNING:
                 continue
             for kind, bounds in sorted(status.get("size", {}).items()):
                 for bound, value in zip(("held", "min", "max"), bounds):

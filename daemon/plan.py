@@ -33,7 +33,7 @@ from elastic_rl.engines.router import router_command
 from elastic_rl.net import url
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store.devices import assignment_slots
-from policies.devices import DeviceKind, NcclSettings, ProcessDevice, nccl_settings, process_device
+from policies.devices import DeviceKind, NcclSettings, Precision, ProcessDevice, nccl_settings, process_device
 from policies.placement import Group, GroupKind
 
 SERVICES = "services"
@@ -78,7 +78,7 @@ def replica_group(spec: JobSpec, index: int) -> Group:
 
 def _trainers_on_gpu(spec: JobSpec) -> bool:
     # bf16 (either kind), and a broadcast of the weights into the engines over NCCL, need the trainers on GPUs.
-    return spec.trainer.dtype != "fp32" or spec.engines.weight_sync == "distributed"
+    return spec.trainer.dtype is not Precision.FP32 or spec.engines.weight_sync == "distributed"
 
 
 def engine_group(spec: JobSpec, index: int) -> Group:

@@ -1,7 +1,7 @@
 """Events: every failure, decision and recovery, in etcd and in ``workdir/events.jsonl``.
 
 An event has a time, a kind, a message and, where they apply, the process,
-device and step involved. `erl status` shows the recent ones. erld emits
+device and step involved; its kind is one of ``EventKind``. `erl status` shows the recent ones. erld emits
 through an ``EventLog``; a job's own processes (the trainer, say) through
 ``emit_event``, which finds the job from the environment erld gave them.
 """
@@ -20,6 +20,7 @@ import orjson
 
 from checkpoints import layout
 from elastic_rl import jobenv
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
 
@@ -33,8 +34,11 @@ class EventLog:
         self.path = layout.events_path(workdir)
         self.node = node
 
-    async def emit(self, kind: str, message: str, proc: str | None = None, **fields: Any) -> None:
-        event = {"time": time.time(), "kind": kind, "message": message, "node": self.node, **fields}
+    async def emit(self, kind: EventKind, message: str, proc: str | None = None, **fields: Any) -> None:
+        """Record one event in events.jsonl and etcd (a store that fails raises ``StoreUnavailable`` after
+        the file line is written). Raises ValueError for a kind not in ``EventKind``: readers match on it."""
+        kind = EventKind(kind)
+        event = {"time": time.time(), "kind": kind.value, "message": message, "node": self.node, **fields}
         if proc is not None:
             event["proc"] = proc
         log.info("job %s: %s %s%s", self.job_id, kind, f"[{proc}] " if proc else "", message)
@@ -44,7 +48,7 @@ class EventLog:
         await self.store.put(keys.event(self.job_id, time.time_ns()), event)
 
 
-def emit_event(kind: str, message: str, proc: str, **fields: Any) -> None:
+def emit_event(kind: EventKind, message: str, proc: str, **fields: Any) -> None:
     """Emit an event from a job process (blocking; for rare events such as a skipped snapshot)."""
 
     async def emit() -> None:

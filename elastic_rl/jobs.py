@@ -21,7 +21,6 @@ from elastic_rl.spec.trainer import TrainerSpec
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store, StoreUnavailable
 from elastic_rl.store.devices import (
-    ACTIVE_PHASES,
     all_assignments,
     assignment_slots,
     free_device_slots,
@@ -30,11 +29,10 @@ from elastic_rl.store.devices import (
     live_nodes,
 )
 from elastic_rl.store.drains import drains, end_drain, start_drain
+from elastic_rl.store.job_phase import ACTIVE_PHASES, RESUMABLE_PHASES, TERMINAL_PHASES, JobPhase
 from policies.capacity import SIZED, OutOfRange, Size, current_sizes, rescale
 from policies.devices import DeviceKind
 from policies.memory import slot_shortfall
-
-TERMINAL_PHASES = ("succeeded", "failed", "stopped")
 
 
 class NoDaemon(ElasticRLError):
@@ -85,7 +83,7 @@ async def submit(store: Store, spec: JobSpec, workdir: Path) -> str:
     await store.put(keys.job_secret(job_id), job_secret.make())
     await store.put(
         keys.job_status(job_id),
-        {"phase": "pending", "workdir": str(workdir), "submitted": time.time(), "reason": ""},
+        {"phase": JobPhase.PENDING, "workdir": str(workdir), "submitted": time.time(), "reason": ""},
     )
     return job_id
 
@@ -189,7 +187,7 @@ async def resume(store: Store, job_id: str, snapshot_step: int | None = None, la
     status = await store.get(keys.job_status(job_id))
     if status is None:
         raise ElasticRLError(f"no job {job_id!r}; `erl list` shows the jobs")
-    if status.get("phase") not in ("stopped", "failed", "paused"):
+    if status.get("phase") not in RESUMABLE_PHASES:
         raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a stopped, failed or paused job resumes")
     if layout:
         await store.put(keys.job_spec(job_id), await _relaid(store, job_id, layout))
@@ -206,7 +204,7 @@ async def resume(store: Store, job_id: str, snapshot_step: int | None = None, la
             },
         )
     # Every process starts afresh: engines given up before are back, the job is no longer degraded.
-    queued = {"phase": "pending", "reason": "", "resumed": time.time(), "degraded": []}
+    queued = {"phase": JobPhase.PENDING, "reason": "", "resumed": time.time(), "degraded": []}
     await store.modify(keys.job_status(job_id), lambda current: {**current, **queued})
 
 
@@ -245,7 +243,7 @@ async def stop(store: Store, job_id: str) -> str:
     phase = status.get("phase")
     if phase in TERMINAL_PHASES:
         return phase
-    new_phase = "stopped" if phase in ("pending", "paused") else "stopping"
+    new_phase = JobPhase.STOPPED if phase in (JobPhase.PENDING, JobPhase.PAUSED) else JobPhase.STOPPING
     await store.modify(
         keys.job_status(job_id), lambda current: {**current, "phase": new_phase, "reason": "stopped by request"}
     )
@@ -263,7 +261,7 @@ async def scale(store: Store, job_id: str, asked: dict[str, int | tuple[int, int
     status = await store.get(keys.job_status(job_id))
     if status is None:
         raise ElasticRLError(f"no job {job_id!r}; `erl list` shows the jobs")
-    if status.get("phase") != "running":
+    if status.get("phase") != JobPhase.RUNNING:
         raise ElasticRLError(f"job {job_id} is {status.get('phase')}; only a running job scales")
     # Read, not validated again: this machine may lack what the job's nodes have (SGLang, data files).
     raw = await store.get(keys.job_spec(job_id))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from elastic_rl.architecture import Architecture, from_hf_config
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.spec.trainer import Attention, TrainerSpec
+from policies import devices
 from policies.memory import (
     FP32_SHARDED,
     FP32_WHOLE,
@@ -71,7 +72,7 @@ def spec_architecture(spec: JobSpec) -> Architecture:
 
 
 def precision_of(spec: JobSpec) -> Precision:
-    if spec.trainer.dtype == "bf16-params":
+    if spec.trainer.dtype is devices.Precision.BF16_PARAMS:
         return MEGATRON_BF16
     return FP32_SHARDED if spec.trainer.data_parallel > 1 and spec.trainer.shard_optimizer else FP32_WHOLE
 

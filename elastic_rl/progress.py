@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints.layout import version_after
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.events import EventLog
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
@@ -39,7 +40,7 @@ class ProgressReporter:
         async with Store(endpoint) as store:
             yield cls(job, store, workdir)
 
-    async def event(self, kind: str, message: str, proc: str = "orchestrator", **fields: Any) -> None:
+    async def event(self, kind: EventKind, message: str, proc: str = "orchestrator", **fields: Any) -> None:
         if self.events is None:
             log.info("%s: %s", kind, message)
             return
@@ -60,7 +61,9 @@ class ProgressReporter:
             },
         )
 
-    async def give_up(self, reason: str, proc: str = "orchestrator", kind: str = "orchestrator_gave_up") -> None:
+    async def give_up(
+        self, reason: str, proc: str = "orchestrator", kind: EventKind = EventKind.ORCHESTRATOR_GAVE_UP
+    ) -> None:
         """A failure budget ran out, or a process cannot run where it was placed: say why, for erld to
         fail the job with it (the process then exits ``EXIT_GAVE_UP``)."""
         await self.event(kind, reason, proc=proc)

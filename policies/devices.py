@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 
 
 class DeviceKind(Enum):
@@ -62,7 +62,7 @@ class CrossReplicaGroup(Enum):
     BABY_NCCL = "baby_nccl"
 
 
-class Precision(Enum):
+class Precision(StrEnum):
     FP32 = "fp32"
     BF16 = "bf16"
     BF16_PARAMS = "bf16-params"

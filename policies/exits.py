@@ -60,7 +60,7 @@ class ExitAction(Enum):
     FAIL_JOB = "fail_job"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExitFacts:
     role: str
     """orchestrator, trainer, spare, engine, router or lighthouse."""

@@ -16,7 +16,7 @@ more). ``MEGATRON_BF16`` is ``trainer.dtype: bf16-params``, megatron's bf16 trai
 distributed optimizer (bf16 parameters, fp32 gradients, fp32 main weights and moments sharded over
 data-parallel ranks; GPU slots only).
 
-Activations are an estimate, stated so it can be checked (docs/benchmarks.md compares it with measured
+Activations are an estimate, stated so it can be checked (docs/benchmarks/memory.md compares it with measured
 peaks): micro-batches of ``tokens`` tokens (packed: the samples' own; padded: samples times the
 longest), every layer's saved tensors at once as the recomputation leaves them (``Kept``), with
 attention's saved state (the fused kernel's output and normaliser, or unfused attention's score and

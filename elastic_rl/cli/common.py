@@ -11,8 +11,13 @@ from elastic_rl.store.client import DEFAULT_ENDPOINT
 from elastic_rl.store.credentials import EtcdCredentials
 
 EXIT_FAILED = 1
+"""The command failed: the job failed (`erl run`), etcd or erld could not be reached, or the operation
+was refused."""
 EXIT_BAD_INPUT = 2
+"""Bad input: a spec, file or argument was refused, naming the field or file and what to do. Nothing was
+submitted or changed."""
 EXIT_INTERRUPTED = 130
+"""Interrupted by Ctrl-C (`erl run` leaves the job running under erld unless a second Ctrl-C stops it)."""
 ETCD_ENV = "ERL_ETCD"
 
 

@@ -17,6 +17,7 @@ from elastic_rl.memory_plan import MemoryPlan, plan, precision_of
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.spec.loading import dump_spec, load_spec
 from elastic_rl.store.client import Store
+from elastic_rl.store.job_phase import JobPhase
 from policies.memory import GIB, MEGATRON_BF16, MIB
 
 SECOND_INTERRUPT_S = 5.0
@@ -155,7 +156,7 @@ async def _follow_job(store: Store, job_id: str) -> int:
                 print()
             reason = info["status"].get("reason")
             print(f"job {job_id} {phase}" + (f": {reason}" if reason else ""))
-            return 0 if phase == "succeeded" else EXIT_FAILED
+            return 0 if phase == JobPhase.SUCCEEDED else EXIT_FAILED
         await asyncio.sleep(0.5)
 
 

@@ -9,7 +9,7 @@ from the tokens that arrived. From then on every request goes direct, and the ro
 asked at most once a ``ROUTER_PROBE_S``; once it answers again with engines registered (erld
 restarts it and registers the serving engines with it), requests go through it again. The engine
 list follows the same rule. Without a direct client (no etcd: a job run outside erld) every call
-goes to the router, as before.
+goes to the router.
 """
 
 from __future__ import annotations

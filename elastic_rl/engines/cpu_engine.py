@@ -134,7 +134,7 @@ class CpuEngine:
         if floor is not None:
             return InvariantDecoder(self.model, floor, self.max_batch_size)
         log.warning(
-            "this machine's matrix products depend on the batch: deterministic mode decodes one sequence at a time"
+            "this host's matrix products depend on the batch: deterministic mode decodes one sequence at a time"
         )
         return SoloDecoder(self.model)
 

@@ -76,7 +76,7 @@ class ModelOptions:
 
     @classmethod
     def of(cls, trainer: TrainerSpec) -> ModelOptions:
-        return cls(Precision(trainer.dtype), trainer.attention, trainer.recompute, trainer.moe_aux_loss_coef)
+        return cls(trainer.dtype, trainer.attention, trainer.recompute, trainer.moe_aux_loss_coef)
 
 
 DEFAULT_OPTIONS = ModelOptions()

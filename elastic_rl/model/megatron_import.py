@@ -1,8 +1,8 @@
 """Imports megatron-core without the parts of its import that elastic-rl never runs.
 
 ``import megatron.core`` imports nearly all of megatron-core. Two parts of that are never used
-here, and leaving them out makes a trainer's imports about 1 s shorter (5.8 s to 4.6-4.9 s on the
-2-core machine, docs/benchmarks.md) and 800 modules smaller:
+here, and leaving them out makes a trainer's imports about 1 s shorter (5.8 s to 4.6-4.9 s on 2 CPU
+cores, docs/benchmarks/recovery.md) and 800 modules smaller:
 
 - megatron's fused kernels (bias-GeLU, SwiGLU, ...) are decorated with ``torch.compile`` when
   their modules load, and that decorator imports torch's dynamo and inductor's compiler. The

@@ -34,6 +34,7 @@ from checkpoints import layout
 from elastic_rl.engines.access import EngineAccess
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.errors import EngineRejected
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.phase_memory import Phase
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
@@ -64,7 +65,7 @@ class EngineHandover:
         store: Store | None,
         job: str,
         timeout_s: float,
-        report: Callable[[str, str], Awaitable[None]],
+        report: Callable[[EventKind, str], Awaitable[None]],
     ):
         self.engines, self.store, self.job = engines, store, job
         self.timeout_s = timeout_s
@@ -157,7 +158,7 @@ class EngineHandover:
             f"engine at {url} did not {step} its memory within fault_tolerance.handover_timeout_s "
             f"({self.timeout_s:g} s)"
         )
-        await self.report("handover_timeout", message)
+        await self.report(EventKind.HANDOVER_TIMEOUT, message)
         if self.store is None:
             return
         for name, record in (await self._engine_records()).items():

@@ -33,11 +33,12 @@ from pathlib import Path
 from checkpoints import inflight_log
 from checkpoints.inflight_log import InflightLog, Logged, Piece, SampleKey
 from elastic_rl.engines.streaming import Received
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.rollout.groups import Sample, SampleStatus, Segment
 
 log = logging.getLogger("elastic_rl.inflight")
 
-Report = Callable[[str, str], Awaitable[None]]
+Report = Callable[[EventKind, str], Awaitable[None]]
 """An event to report: (kind, message)."""
 
 
@@ -119,7 +120,7 @@ class InFlight:
             await self._persist_failed(exc)
         if stale:
             await self._report(
-                "stale_prefixes_dropped",
+                EventKind.STALE_PREFIXES_DROPPED,
                 f"{len(stale)} sample(s) of rollout {rollout_id} generated so far by a lost orchestrator are older "
                 f"than rollout.max_staleness allows (weights before {oldest_allowed}): generated again",
             )
@@ -194,18 +195,18 @@ class InFlight:
                     tracked.end_persisted = tracked.end_persisted or piece.status is not None
                 if self._failing:
                     self._failing = False
-                    await self._report("inflight_persist_resumed", "in-flight samples are persisted again")
+                    await self._report(EventKind.INFLIGHT_PERSIST_RESUMED, "in-flight samples are persisted again")
         self.persist_time += time.monotonic() - started
 
     async def _persist_failed(self, exc: OSError) -> None:
         if not self._failing:
             self._failing = True
             await self._report(
-                "inflight_persist_failed",
+                EventKind.INFLIGHT_PERSIST_FAILED,
                 f"persisting in-flight samples failed ({exc}); generation goes on, and persisting is tried again",
             )
 
-    async def _report(self, kind: str, message: str) -> None:
+    async def _report(self, kind: EventKind, message: str) -> None:
         log.warning("%s: %s", kind, message)
         if self.report is not None:
             await self.report(kind, message)

@@ -44,6 +44,7 @@ from elastic_rl.engines.client import DEFAULT_TIMEOUT_S, EngineClient
 from elastic_rl.engines.direct import DirectEngineClient, engines_in_etcd
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
 from elastic_rl.progress import ProgressReporter
@@ -254,21 +255,21 @@ class Orchestrator:
         await self._check_versions(rollout_id, filled)
         if filled.function_failures:
             await self.progress.event(
-                "rollout_function_failed",
+                EventKind.ROLLOUT_FUNCTION_FAILED,
                 f"rollout.rollout_function failed {len(filled.function_failures)} time(s) and was called again for "
                 f"the same prompts. First: {filled.function_failures[0]}",
                 rollout=rollout_id,
             )
         if filled.abort_failures:
             await self.progress.event(
-                "abort_failed",
+                EventKind.ABORT_FAILED,
                 f"{len(filled.abort_failures)} abort(s) of the requests still out failed, not retried; their "
                 f"requests generate to their end. First: {filled.abort_failures[0]}",
                 rollout=rollout_id,
             )
         if filled.skipped:
             await self.progress.event(
-                "prompts_skipped",
+                EventKind.PROMPTS_SKIPPED,
                 f"{len(filled.skipped)} prompt(s) longer than {self.spec.prompt_limit} tokens (or, for SFT, with a "
                 f"response over {spec.max_new_tokens}) skipped",
                 rollout=rollout_id,
@@ -277,7 +278,7 @@ class Orchestrator:
         stale = [group.prompt for group, reason in filled.dropped if reason is DropReason.STALE]
         if stale:
             await self.progress.event(
-                "stale_groups_dropped",
+                EventKind.STALE_GROUPS_DROPPED,
                 f"{len(stale)} buffered group(s) more than rollout.max_staleness versions behind the rollout "
                 "dropped untrained",
                 rollout=rollout_id,
@@ -286,7 +287,7 @@ class Orchestrator:
         unscorable = [group.prompt for group, reason in filled.dropped if reason is DropReason.UNSCORABLE]
         if unscorable:
             await self.progress.event(
-                "samples_skipped",
+                EventKind.SAMPLES_SKIPPED,
                 f"{len(filled.errors)} sample(s) could not be scored; their {len(unscorable)} group(s) skipped. "
                 f"First: {filled.errors[0]}",
                 rollout=rollout_id,
@@ -304,7 +305,7 @@ class Orchestrator:
         wrong = versions_out_of_bounds(versions, served, self.spec.rollout.oldest_allowed(rollout_id, served))
         if wrong:
             await self.progress.event(
-                "weight_version_mismatch",
+                EventKind.WEIGHT_VERSION_MISMATCH,
                 f"{len(wrong)} sample(s) of rollout {rollout_id} hold tokens of a weight version other than "
                 f"{served} and not within rollout.max_staleness of it",
                 rollout=rollout_id,
@@ -341,7 +342,7 @@ class Orchestrator:
         gap = trained.get(ON_POLICY_GAP)
         if logprob_gap_exceeded(gap, promised=self.spec.promises_equal_logprobs):
             await self.progress.event(
-                "logprob_gap_exceeded",
+                EventKind.LOGPROB_GAP_EXCEEDED,
                 f"the trainer's log probs of rollout {rollout_id}'s samples of its weights differ from the engines' "
                 f"by up to {gap:.3g}, past deterministic mode's {LOGPROB_GAP_BOUND:g}: some tokens were not the "
                 "trained policy's",
@@ -370,7 +371,9 @@ class Orchestrator:
         """Its node drains: after this commit the job's services move, and the next orchestrator goes on
         from the rollout after it (the metrics of rollouts not trained yet are recorded by that one)."""
         await self.persist_inflight()
-        await self.progress.event("orchestrator_left", f"after committing rollout {rollout_id}: its node drains")
+        await self.progress.event(
+            EventKind.ORCHESTRATOR_LEFT, f"after committing rollout {rollout_id}: its node drains"
+        )
         # Everything it owns is committed or persisted, and its successor starts only once it is gone: it ends
         # now rather than after the interpreter's teardown (torch's takes a second or more on a busy node).
         logging.shutdown()

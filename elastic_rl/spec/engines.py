@@ -60,9 +60,9 @@ class EnginesSpec(Component):
     trainer writes. distributed (SGLang engines in sync mode): first the trainer's rank 0 broadcasts
     the weights into every engine over NCCL (update_weights_from_distributed), the fast path when
     engines and trainers share a node; the version is still written to disk, and an engine the
-    broadcast missed loads it from there. Built but never yet run on a GPU (docs/gpu.md). memory
+    broadcast missed loads it from there. GPU status: docs/gpu.md. memory
     (placement colocated only): the engines take each version from the memory of the trainers that
-    share their node, with no wait for the disk export (see the README's colocated section)."""
+    share their node, with no wait for the disk export (docs/guides/colocated.md)."""
     weight_sync_timeout_s: PositiveFloat = 300.0
     """A distributed weight sync not done within this is aborted by a watchdog (never left to
     NCCL's 30-minute default); the engines then load that version from disk."""

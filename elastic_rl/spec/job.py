@@ -26,6 +26,7 @@ from elastic_rl.spec.placement import PlacementMode
 from elastic_rl.spec.rollout import RolloutSpec
 from elastic_rl.spec.sizes import SizeRange, declared_sizes
 from elastic_rl.spec.trainer import TrainerSpec
+from policies.devices import Precision
 
 
 class JobSpec(Component):
@@ -39,7 +40,7 @@ class JobSpec(Component):
     """Where snapshots, the rollout log, weights and logs go; default ./runs/<name>."""
     placement: PlacementMode = PlacementMode.DISAGGREGATED
     """disaggregated: trainers and engines on slots of their own. colocated: they share each slot and
-    take turns (see the README's colocated section)."""
+    take turns (docs/guides/colocated.md)."""
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
     rollout: RolloutSpec = RolloutSpec()
@@ -125,7 +126,7 @@ class JobSpec(Component):
                 problems.append("trainer.expert_parallel applies to a mixture of experts only: set it to 1")
             if policy.experts is not None and policy.experts.count % ep:
                 problems.append(f"its {policy.experts.count} experts do not split into trainer.expert_parallel {ep}")
-            if policy.experts is not None and self.trainer.dtype == "bf16-params":
+            if policy.experts is not None and self.trainer.dtype is Precision.BF16_PARAMS:
                 problems.append("trainer.dtype bf16-params is built for dense models: set trainer.dtype bf16")
             if policy.experts is not None and self.trainer.moe_aux_loss_coef > 0 and pp > 1:
                 problems.append(
@@ -180,7 +181,7 @@ class JobSpec(Component):
                 "remove engines.count (or --set engines.count=null): colocated, the engines follow the replicas "
                 "(each replica's slots host trainer.tensor_parallel / engines.tp_size engines)"
             )
-        if self.trainer.dtype == "bf16-params":
+        if self.trainer.dtype is Precision.BF16_PARAMS:
             problems.append(
                 "set trainer.dtype bf16: offloading megatron's data-parallel buffers, which hold bf16-params' "
                 "parameters and gradients, is not built"
@@ -299,7 +300,7 @@ class JobSpec(Component):
     @property
     def needs_cuda(self) -> bool:
         """Whether the job runs only on GPU slots: SGLang engines, or training in bf16 (either kind)."""
-        return self.engines.kind == "sglang" or self.trainer.dtype != "fp32"
+        return self.engines.kind == "sglang" or self.trainer.dtype is not Precision.FP32
 
     @property
     def promises_equal_logprobs(self) -> bool:

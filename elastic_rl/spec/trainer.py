@@ -9,6 +9,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from elastic_rl.spec.base import Component
 from elastic_rl.spec.sizes import SizeRange
+from policies.devices import Precision
 
 
 class Attention(Enum):
@@ -100,7 +101,7 @@ class TrainerSpec(Component):
     cpu_threads: PositiveInt = 1
     """Torch threads of each trainer rank on a CPU node. More is faster where cores are free (in
     sync mode the engines idle while the trainers train); runs compared bit for bit need the same."""
-    dtype: Literal["fp32", "bf16", "bf16-params"] = "fp32"
+    dtype: Precision = Precision.FP32
     """fp32; bf16: megatron's mixed precision (its autocast: bf16 matrix products over fp32
     parameters and gradients, so the optimizer and the cross-replica all-reduce stay fp32); or
     bf16-params: megatron's bf16 training, the parameters in bf16 (its Float16Module) and fp32 main
@@ -133,7 +134,7 @@ class TrainerSpec(Component):
 
     @model_validator(mode="after")
     def _bf16_parameters_fit(self) -> TrainerSpec:
-        if self.dtype != "bf16-params":
+        if self.dtype is not Precision.BF16_PARAMS:
             return self
         problems = []
         if self.pipeline_parallel > 1:

@@ -16,8 +16,7 @@ from typing import Any
 
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
-
-ACTIVE_PHASES = ("running", "stopping", "pausing")
+from elastic_rl.store.job_phase import ACTIVE_PHASES
 
 
 async def job_statuses(store: Store) -> dict[str, dict[str, Any]]:

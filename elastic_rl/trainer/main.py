@@ -23,6 +23,7 @@ from typing import NoReturn
 
 from elastic_rl import exit_record, jobenv
 from elastic_rl.errors import SpecError, WrongDevice
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.progress import ProgressReporter
 from elastic_rl.store.client import StoreUnavailable
 from elastic_rl.trainer.replica import StopRequest, TrainerReplica
@@ -63,7 +64,7 @@ def give_up(env: jobenv.JobEnv, reason: str) -> NoReturn:
 
     async def report() -> None:
         async with ProgressReporter.connect(env.job, os.environ.get(jobenv.ETCD), env.workdir) as progress:
-            await progress.give_up(reason, proc=os.environ.get(jobenv.PROC, "trainer"), kind="trainer_gave_up")
+            await progress.give_up(reason, proc=os.environ.get(jobenv.PROC, "trainer"), kind=EventKind.TRAINER_GAVE_UP)
 
     try:
         asyncio.run(report())

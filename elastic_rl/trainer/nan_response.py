@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from checkpoints.rollout_log import quarantine
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.events import emit_event
 from policies.exits import EXIT_DEVICE_QUARANTINED, EXIT_ROLLBACK
 from policies.nan_guard import Decision, Response
@@ -19,6 +20,7 @@ from policies.nan_guard import Decision, Response
 
 def respond_to_nan(
     decision: Decision,
+    *,
     reports: bool,
     workdir: Path,
     rollout_id: int,
@@ -33,12 +35,14 @@ def respond_to_nan(
     """
     where = {"device": device, "step": step, "rollout": rollout_id}
     if decision.response is Response.SKIP and reports:
-        emit_event("nan_step_skipped", f"{decision.reason}; step {step} redone", proc, **where)
+        emit_event(EventKind.NAN_STEP_SKIPPED, f"{decision.reason}; step {step} redone", proc, **where)
     elif decision.response is Response.ROLLBACK:
         quarantine(workdir, rollout_id, step, decision.reason)
         if reports:
-            emit_event("rollout_quarantined", f"{decision.reason}; rolling back to the newest snapshot", proc, **where)
+            emit_event(
+                EventKind.ROLLOUT_QUARANTINED, f"{decision.reason}; rolling back to the newest snapshot", proc, **where
+            )
         sys.exit(EXIT_ROLLBACK)
     elif decision.response is Response.QUARANTINE_DEVICE and replica in decision.replicas:
-        emit_event("device_quarantined", decision.reason, proc, **where)
+        emit_event(EventKind.DEVICE_QUARANTINED, decision.reason, proc, **where)
         sys.exit(EXIT_DEVICE_QUARANTINED)

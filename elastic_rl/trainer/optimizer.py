@@ -22,12 +22,13 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from elastic_rl.spec.trainer import TrainerSpec
 from elastic_rl.trainer.master_weights import MasterWeights
+from policies.devices import Precision
 
 
 def build_optimizer(model: torch.nn.Module, trainer: TrainerSpec) -> torch.optim.Optimizer | MasterWeights:
     """The optimizer of ``model``, this rank's part of the replica, freshly built (in bf16-params this casts
     the model to bf16)."""
-    if trainer.dtype == "bf16-params":
+    if trainer.dtype is Precision.BF16_PARAMS:
         return MasterWeights(model, trainer)
     settings = {
         "lr": trainer.lr,

@@ -23,6 +23,7 @@ import torch
 from checkpoints import layout
 from checkpoints.retention import prune_weights
 from elastic_rl.atomic import write_file_atomic
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.events import emit_event
 from elastic_rl.model.megatron_state import full_state_dict
 from elastic_rl.model.source import ModelSource
@@ -86,7 +87,7 @@ class RolloutPublisher:
         spent = time.monotonic() - started
         if failure is not None:
             emit_event(
-                "weight_broadcast_failed",
+                EventKind.WEIGHT_BROADCAST_FAILED,
                 f"weights {version}: {failure}; the engines load them from disk",
                 self.proc,
                 version=version,

@@ -57,6 +57,7 @@ from checkpoints.snapshot import SnapshotWriter, TrainingState, load_snapshot
 from elastic_rl import device as process_device
 from elastic_rl import jobenv
 from elastic_rl.errors import SpecError
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.events import emit_event
 from elastic_rl.fencing import Assignment
 from elastic_rl.model.export import write_initial_checkpoint
@@ -113,7 +114,7 @@ class TrainerReplica:
         spec = self.spec
         self.device = os.environ.get(jobenv.DEVICE)  # the slot, as events name it
         self.compute = process_device.assigned()
-        precision = Precision(spec.trainer.dtype)
+        precision = spec.trainer.dtype
         problem = precision_problem(self.compute, precision)
         if problem is not None:
             raise SpecError([problem])
@@ -273,7 +274,7 @@ class TrainerReplica:
         if self.rank == 0:
             imports = self.imports_done - psutil.Process().create_time()
             emit_event(
-                "trainer_ready",
+                EventKind.TRAINER_READY,
                 f"imports {imports:.2f}s, setup {self.setup_s:.2f}s; asks for a quorum next",
                 self.proc,
                 device=self.device,
@@ -287,7 +288,7 @@ class TrainerReplica:
 
         def skipped(path: Path, why: str) -> None:
             log.warning("skipping snapshot %s: %s", path, why)
-            emit_event("snapshot_skipped", f"{path.name}: {why}; resuming from an older one", self.proc)
+            emit_event(EventKind.SNAPSHOT_SKIPPED, f"{path.name}: {why}; resuming from an older one", self.proc)
 
         self.snapshot = newest_valid_snapshot(self.workdir, on_invalid=skipped)
         self.first_rollout = self.snapshot.last_rollout + 1 if self.snapshot is not None else 0
@@ -351,7 +352,7 @@ class TrainerReplica:
         A replica that starts (resumed from a snapshot, or from the initial weights) behind them waits
         for that rollout before its first quorum, so that the quorum meets them and heals it from them.
         Asking at once, while they wait for that rollout, would give it a quorum of its own, in which it
-        trains again what they have trained. With no peer left it replays as before, once that rollout
+        trains again what they have trained. With no peer left it replays that rollout itself, once it
         is committed (its weights are published, so the orchestrator generates it)."""
         published = layout.latest_weights_version(self.workdir) or 0
         return min(published, self.spec.rollout.num_rollouts - 1)
@@ -377,7 +378,7 @@ class TrainerReplica:
         self.trainer.manager = self.manager
         if self.rank == 0:
             emit_event(
-                "lighthouse_followed",
+                EventKind.LIGHTHOUSE_FOLLOWED,
                 f"asks {named} for its quorums from rollout {rollout_id}; state kept in memory",
                 self.proc,
                 device=self.device,
@@ -390,7 +391,7 @@ class TrainerReplica:
         self.manager.shutdown(wait=False)
         if self.rank == 0:
             emit_event(
-                "replica_left",
+                EventKind.REPLICA_LEFT,
                 f"left the quorum after rollout {rollout_id}: its node drains",
                 self.proc,
                 device=self.device,
@@ -433,7 +434,7 @@ class TrainerReplica:
             rollout_id = position // self.steps_per_rollout
             log.info("healed from a peer at step %d (rollout %d)", position, rollout_id)
             emit_event(
-                "replica_healed",
+                EventKind.REPLICA_HEALED,
                 f"took a peer's state at step {position}",
                 self.proc,
                 device=self.device,
@@ -453,7 +454,7 @@ class TrainerReplica:
             published = layout.latest_weights_version(self.workdir) or 0
             redone = max(0, published - layout.version_after(last_rollout))
             emit_event(
-                "trainer_resumed",
+                EventKind.TRAINER_RESUMED,
                 f"from snapshot {step}, replaying after rollout {last_rollout} ({redone} rollout(s) trained again)",
                 self.proc,
                 device=self.device,
@@ -471,7 +472,7 @@ class TrainerReplica:
             self.participants = self.manager.num_participants()
             if self.manager.participating_rank() == 0 and self.rank == 0:
                 emit_event(
-                    "quorum_changed",
+                    EventKind.QUORUM_CHANGED,
                     f"{self.participants} replica(s) train from step {position}",
                     self.proc,
                     device=self.device,
@@ -481,13 +482,13 @@ class TrainerReplica:
         outcome = self.trainer.step(self.context, index)
         respond_to_nan(
             outcome.decision,
-            outcome.leader and self.rank == 0,
-            self.workdir,
-            rollout_id,
-            position,
-            self.proc,
-            self.replica,
-            self.device,
+            reports=outcome.leader and self.rank == 0,
+            workdir=self.workdir,
+            rollout_id=rollout_id,
+            step=position,
+            proc=self.proc,
+            replica=self.replica,
+            device=self.device,
         )
         if outcome.committed:
             self.trained_any = True
@@ -534,7 +535,7 @@ class TrainerReplica:
             "replay_s": time.monotonic() - self.replay_started,
         }
         emit_event(
-            "trainer_caught_up",
+            EventKind.TRAINER_CAUGHT_UP,
             f"replayed rollouts {self.first_rollout}..{rollout_id}",
             self.proc,
             device=self.device,
@@ -557,5 +558,8 @@ class TrainerReplica:
     def _save_failed(self, step: int, error: BaseException) -> None:
         log.error("snapshot %d failed: %r", step, error)
         emit_event(
-            "snapshot_failed", f"snapshot {step} not saved ({error}); the next one tries again", self.proc, step=step
+            EventKind.SNAPSHOT_FAILED,
+            f"snapshot {step} not saved ({error}); the next one tries again",
+            self.proc,
+            step=step,
         )

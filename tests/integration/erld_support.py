@@ -43,7 +43,7 @@ def receive(sock: socket.socket, timeout: float, until: str, process: subprocess
 
 NO_POOL = {kind: 0 for kind in DEFAULT_SIZES}
 """Most tests keep no pre-imported interpreters: on 2 cores their imports compete with the job, even at
-the lowest priority (docs/benchmarks.md)."""
+the lowest priority (docs/benchmarks/recovery.md)."""
 
 
 @contextlib.contextmanager

@@ -12,6 +12,9 @@ import time
 import orjson
 import pytest
 
+from checkpoints import layout
+from elastic_rl.event_kinds import EventKind
+from elastic_rl.metric_names import registered
 from elastic_rl.net import free_port
 from elastic_rl.store import keys
 from elastic_rl.store.client import Store
@@ -101,7 +104,10 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
         "train/kl",
     ):
         assert key in lines[0]
-    # Where each iteration's time went, from both sides (README: the accounting of metrics.jsonl).
+    # Every metric written and every event recorded is in its registry (the docs' references list them).
+    assert not [key for line in lines for key in line if not registered(key)]
+    assert {event["kind"] for event in layout.read_lines(layout.events_path(workdir))} <= set(EventKind)
+    # Where each iteration's time went, from both sides (docs/operations/monitoring.md).
     accounting = (
         "perf/iteration_time",
         "rollout/wait_weights_time",

@@ -36,7 +36,7 @@ def test_the_state_is_accounted_to_the_byte_and_the_peak_is_bounded(tmp_path):
     (smollm2,) = ranks(tmp_path, "smollm2", 1, SMOLLM2_SPEC, *SMOLLM2_STEP)
     assert smollm2["parameters"] == smollm2["accounted_parameters"] == 134_515_008
     assert smollm2["state_bytes"] == smollm2["accounted_state_bytes"]
-    # Measured: 0.67 of the estimate (docs/benchmarks.md). Above 1, a job the check let through could
+    # Measured: 0.67 of the estimate (docs/benchmarks/memory.md). Above 1, a job the check let through could
     # run out of memory; far below it, jobs that fit would be refused.
     ratio = smollm2["peak_growth_bytes"] / smollm2["accounted_total_bytes"]
     assert 0.6 <= ratio <= 1.0, smollm2

@@ -46,7 +46,7 @@ def test_an_engine_stops_once_idle_or_when_the_deadline_nears():
 
 @pytest.mark.parametrize("role", ["trainer", "orchestrator", "engine", "spare"])
 def test_a_process_that_left_its_draining_node_is_not_restarted(role):
-    facts = ExitFacts(role, EXIT_DRAINED, False, True, (), 100.0)
+    facts = ExitFacts(role=role, exit_code=EXIT_DRAINED, job_finished=False, idle_spare=True, restarts=(), now=100.0)
     assert decide_exit(facts, RestartPolicy(2, 60)).action is ExitAction.DRAINED
 
 

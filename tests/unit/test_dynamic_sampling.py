@@ -247,7 +247,13 @@ def keep_nothing(group: Group) -> bool:
 
 def test_the_orchestrator_giving_up_fails_the_job_with_its_reason():
     facts = ExitFacts(
-        "orchestrator", EXIT_GAVE_UP, False, False, (), 0.0, given_up="8 samples in a row could not be scored"
+        role="orchestrator",
+        exit_code=EXIT_GAVE_UP,
+        job_finished=False,
+        idle_spare=False,
+        restarts=(),
+        now=0.0,
+        given_up="8 samples in a row could not be scored",
     )
     decision = decide_exit(facts, RestartPolicy(max_restarts=3, window_s=60))
     assert decision.action is ExitAction.FAIL_JOB and "8 samples in a row" in decision.reason

@@ -22,7 +22,16 @@ POLICY = RestartPolicy(max_restarts=2, window_s=60, base_delay_s=0.5, max_delay_
 
 
 def decide(role: str, code: int | None, finished=False, idle_spare=False, restarts=(), given_up="", other_engines=0):
-    facts = ExitFacts(role, code, finished, idle_spare, tuple(restarts), 100.0, given_up, other_engines)
+    facts = ExitFacts(
+        role=role,
+        exit_code=code,
+        job_finished=finished,
+        idle_spare=idle_spare,
+        restarts=tuple(restarts),
+        now=100.0,
+        given_up=given_up,
+        other_engines=other_engines,
+    )
     return decide_exit(facts, POLICY)
 
 
@@ -100,7 +109,15 @@ def test_the_last_engine_whose_budget_is_spent_fails_the_job():
 
 
 def test_an_adopted_process_asked_to_leave_has_left_though_its_exit_code_is_lost():
-    asked = ExitFacts("trainer", None, False, False, (), 100.0, asked_to_leave=True)
+    asked = ExitFacts(
+        role="trainer",
+        exit_code=None,
+        job_finished=False,
+        idle_spare=False,
+        restarts=(),
+        now=100.0,
+        asked_to_leave=True,
+    )
     assert decide_exit(asked, POLICY).action is ExitAction.DRAINED
     # Not asked: an exit with no code is a crash like any other.
     assert decide("trainer", None).action is ExitAction.RESTART

@@ -33,7 +33,14 @@ def recorded_events(monkeypatch) -> list[str]:
 
 def respond(decision: Decision, workdir, reports: bool = True, replica: int = 0) -> None:
     respond_to_nan(
-        decision, reports, workdir, rollout_id=4, step=9, proc=f"trainer-{replica}-0", replica=replica, device="cpu:0"
+        decision,
+        reports=reports,
+        workdir=workdir,
+        rollout_id=4,
+        step=9,
+        proc=f"trainer-{replica}-0",
+        replica=replica,
+        device="cpu:0",
     )
 
 
