@@ -67,6 +67,7 @@ from policies.devices import DeviceKind
 from policies.drain import engine_may_stop
 from policies.engine_health import EngineLoad, EngineWatch
 from policies.exits import ExitAction, ExitDecision, ExitFacts, decide_exit
+from policies.lease_loss import Fate, fate
 from policies.restart import RestartPolicy
 
 log = logging.getLogger("erld.agent")
@@ -241,7 +242,7 @@ class JobAgent:
         """Stop the processes whose assignment left this node or moved to a newer generation."""
         for proc in self.table.of_job(self.job_id):
             assignment = mine.get(proc.name)
-            if assignment is not None and assignment["generation"] == proc.generation:
+            if fate(self.node, proc.generation, assignment) is Fate.KEEP:
                 continue
             if self._lighthouse_still_needed(proc, assigned):
                 continue

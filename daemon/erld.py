@@ -17,12 +17,14 @@ its node's placement index and the jobs that index names (or that still run here
 grows with its node's jobs, not with the cluster. With no ``--etcd`` it starts an embedded etcd
 under its state dir.
 
-An agent that cannot renew its lease fences itself: once the lease may have
-run out (its TTL since the last renewal), it kills its processes before doing
-anything else, since the controller is moving their work elsewhere; then it
-joins again as a fresh node. A process it could not kill in time (erld frozen
-with its children running) finds its assignment superseded before it commits
-anything (``elastic_rl.fencing``).
+An erld that cannot renew its lease kills nothing (``policies.lease_loss``): it
+cannot tell an etcd outage from its own partition. Once the lease may have run
+out (its TTL since the last renewal) it is fenced: it keeps its processes
+running and acts on nothing until etcd answers, and each process commits
+nothing it cannot confirm with etcd (``elastic_rl.fencing``). If the lease is
+gone by then, erld joins again under a new one and keeps each process whose
+assignment did not move on; the agents end the others, whose work the
+controller placed elsewhere meanwhile.
 
 Under systemd it sends READY=1 once etcd and membership are up, WATCHDOG=1
 from a main loop that is making progress, a one-line STATUS=, and STOPPING=1
@@ -72,6 +74,7 @@ from elastic_rl.store.embedded import EmbeddedEtcd
 from elastic_rl.store.job_phase import ACTIVE_PHASES, TERMINAL_PHASES
 from elastic_rl.store.mirror import Mirror
 from policies.devices import DeviceKind
+from policies.lease_loss import LeaseStanding, NodeAction, node_action
 
 log = logging.getLogger("erld")
 
@@ -221,7 +224,8 @@ class Erld:
                 self.renewed = time.monotonic()
             except LeaseExpired as exc:
                 log.warning("%s", exc)
-                await self.fence_and_rejoin()
+                if node_action(LeaseStanding.EXPIRED) is NodeAction.REJOIN:
+                    await self.rejoin()
             except StoreUnavailable as exc:
                 # etcd may be electing a leader: try again at once, for the lease's time is running out.
                 log.warning("lease refresh failed: %s", exc)
@@ -231,20 +235,31 @@ class Erld:
     def lease_may_have_expired(self) -> bool:
         return time.monotonic() - self.renewed >= self.config.lease_ttl_s
 
-    async def fence_and_rejoin(self) -> None:
-        """Our lease is gone (or may be): our work is being placed elsewhere. Kill it, then join afresh."""
-        if self.table.procs:
-            log.error("node %s lost its lease: killing its %d job processes", self.node, len(self.table.procs))
-            self.table.kill_all()
-        self.agents.clear()
-        self.save_state()
+    def lease_standing(self) -> LeaseStanding:
+        """What the main loop knows: fresh, or unconfirmed (the keep-alive learns the rest from etcd)."""
+        return LeaseStanding.UNCONFIRMED if self.lease_may_have_expired() else LeaseStanding.FRESH
+
+    async def rejoin(self) -> None:
+        """The lease is gone: hold the node name under a new one, keeping every process. The agents
+        republish their processes under it and end, on their next pass, those whose work moved on."""
+        log.warning(
+            "node %s lost its lease: joining again; its %d job processes keep running", self.node, len(self.table.procs)
+        )
         try:
             await self.join()
         except NodeTaken as taken:
-            log.error("%s; stopping", taken)
+            log.error("%s; stopping its processes and itself", taken)
+            self.table.kill_all()
             self.stopping.set()
-        except Exception as exc:  # etcd unreachable, or the new lease gone before the name was taken
-            log.warning("rejoining failed (%s); the next pass tries again", exc)
+            return
+        except Exception as exc:  # etcd unreachable again, or the new lease gone before the name was taken
+            log.warning("rejoining failed (%s); the keep-alive tries again", exc)
+            return
+        # The controller of this pass must see this node, though the watch may still bring its record's
+        # deletion (the old lease's) after this: a node that looked gone would have its work moved.
+        node_key = keys.node(self.node)
+        record, revision = await self.store.get_with_revision(node_key)
+        self.mirror.applied({node_key: record}, (), revision)
 
     async def is_leader(self) -> bool:
         """Whether this erld leads, as the mirror has the leader key; with none, try to take it. A stale
@@ -400,9 +415,12 @@ class Erld:
         await self.shutdown()
 
     async def one_pass(self) -> None:
-        """Read the cluster, decide as the leader if this erld leads, run this node's processes."""
-        if self.lease_may_have_expired():
-            await self.fence_and_rejoin()
+        """Read the cluster, decide as the leader if this erld leads, run this node's processes; fenced (a
+        lease that may have run out), only tell systemd that the loop lives."""
+        if node_action(self.lease_standing()) is NodeAction.FENCE:
+            self.notifier.watchdog()
+            self.notifier.status(f"fenced: etcd has not confirmed the node lease; {self.summary()}")
+            return
         try:
             leading = await self.is_leader()
             await self.follow_what_this_node_needs(leading)
@@ -422,6 +440,7 @@ class Erld:
             # pass starts afresh: erld's loop never ends on one.
             log.exception("node %s: this pass failed", self.node)
         self.save_state()
+        self.table.reap()
         self.pool.fill()  # after the pass: an interpreter it took is replaced in the background
         self.notifier.watchdog()
         self.notifier.status(self.summary())

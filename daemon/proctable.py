@@ -73,6 +73,8 @@ class ProcessTable:
         self.node = node
         self.procs: dict[tuple[str, str], LocalProc] = {}
         self.children: dict[tuple[str, str], subprocess.Popen] = {}
+        self.forgotten: list[subprocess.Popen] = []
+        """Children dropped from the table while they may still run: reaped once they end (``reap``)."""
 
     def get(self, job: str, name: str) -> LocalProc | None:
         return self.procs.get((job, name))
@@ -87,7 +89,14 @@ class ProcessTable:
     def forget(self, proc: LocalProc) -> None:
         """Drop a process from the table (signal it first if it must end)."""
         self.procs.pop((proc.job, proc.name), None)
-        self.children.pop((proc.job, proc.name), None)
+        child = self.children.pop((proc.job, proc.name), None)
+        if child is not None:
+            self.forgotten.append(child)
+        self.reap()
+
+    def reap(self) -> None:
+        """Collect the exit of every forgotten child that has ended, so that none stays a zombie."""
+        self.forgotten = [child for child in self.forgotten if child.poll() is None]
 
     def rename(self, proc: LocalProc, name: str, generation: int) -> LocalProc:
         """A warm spare's process becomes a replica's: same pid, new name and generation."""

@@ -91,9 +91,9 @@ class SimulatedErld(Erld):
         await super().one_pass()
         self.pass_seconds.append(time.perf_counter() - started)
 
-    async def fence_and_rejoin(self) -> None:
+    async def rejoin(self) -> None:
         self.leases_lost += 1
-        await super().fence_and_rejoin()
+        await super().rejoin()
 
     def crash(self) -> None:
         """Die as a killed erld does: nothing revoked, nothing written; the lease runs out. The main

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from checkpoints import layout
 from elastic_rl import jobs
 from elastic_rl.cli.common import add_command, endpoint
 from elastic_rl.errors import ElasticRLError
-from elastic_rl.store.client import Store
+from elastic_rl.store.client import Store, StoreUnavailable
 from policies.capacity import Size
 
 
@@ -127,8 +128,17 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 async def _follow(files: list[Path], store: Store, job_id: str) -> None:
     """Print new lines as they come, until the job is over (then what is left, and stop)."""
     handles = {file: open(file, errors="replace") for file in files}
+    unreachable = False
     while True:
-        over = (await jobs.describe(store, job_id, events=0))["status"]["phase"] in jobs.TERMINAL_PHASES
+        try:
+            over = (await jobs.describe(store, job_id, events=0))["status"]["phase"] in jobs.TERMINAL_PHASES
+        except StoreUnavailable as exc:
+            # The logs go on meanwhile: a control-plane blip does not end the job.
+            if not unreachable:
+                print(f"etcd is unreachable ({exc}); following the logs until it answers", file=sys.stderr)
+            unreachable, over = True, False
+        else:
+            unreachable = False
         quiet = True
         for file, handle in handles.items():
             line = handle.readline()

@@ -16,11 +16,12 @@ from elastic_rl.cli.erld import daemon_running, start_background_daemon
 from elastic_rl.memory_plan import MemoryPlan, plan, precision_of
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.spec.loading import dump_spec, load_spec
-from elastic_rl.store.client import Store
+from elastic_rl.store.client import Store, StoreUnavailable
 from elastic_rl.store.job_phase import JobPhase
 from policies.memory import GIB, MEGATRON_BF16, MIB
 
 SECOND_INTERRUPT_S = 5.0
+FOLLOW_INTERVAL_S = 0.5
 
 
 def _checked_spec(args: argparse.Namespace) -> JobSpec:
@@ -141,8 +142,20 @@ async def _follow_until_interrupted(store: Store, job_id: str) -> int:
 async def _follow_job(store: Store, job_id: str) -> int:
     shown = -1
     interactive = sys.stdout.isatty()
+    unreachable = False
     while True:
-        info = await jobs.describe(store, job_id, events=0)
+        try:
+            info = await jobs.describe(store, job_id, events=0)
+        except StoreUnavailable as exc:
+            # A control-plane blip is not the job's end: its processes run on (fenced) meanwhile.
+            if not unreachable:
+                print(f"\netcd is unreachable ({exc}); waiting for it (Ctrl-C to stop following)", flush=True)
+            unreachable = True
+            await asyncio.sleep(FOLLOW_INTERVAL_S)
+            continue
+        if unreachable:
+            print("etcd answers again", flush=True)
+            unreachable = False
         phase, progress = info["status"]["phase"], info["progress"]
         done, total = progress.get("rollouts_done", 0), info["num_rollouts"] or 1
         if done != shown or interactive:
@@ -157,7 +170,7 @@ async def _follow_job(store: Store, job_id: str) -> int:
             reason = info["status"].get("reason")
             print(f"job {job_id} {phase}" + (f": {reason}" if reason else ""))
             return 0 if phase == JobPhase.SUCCEEDED else EXIT_FAILED
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(FOLLOW_INTERVAL_S)
 
 
 def _add_spec_arguments(parser: argparse.ArgumentParser) -> None:

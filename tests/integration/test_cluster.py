@@ -1,10 +1,12 @@
 """erld as a cluster: three erlds on a three-member etcd sharing one work dir. A job spread over the
 nodes completes; a node's death moves its work; the leader's death changes nothing that runs; a frozen
-erld's processes never commit beside their replacements; an etcd member's death changes nothing."""
+erld's processes never commit beside their replacements; an etcd member's death changes nothing, and
+nor does etcd's whole outage."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import urllib.request
 from collections import Counter
@@ -136,7 +138,9 @@ def test_a_dead_nodes_work_moves_and_the_run_ends_the_same(cluster, fault_free, 
 
 
 @pytest.mark.timeout(420)
-def test_the_leader_and_an_etcd_member_die_and_nothing_restarts(cluster, fault_free, tmp_path):
+def test_the_leader_an_etcd_member_and_then_etcd_itself_go_and_nothing_restarts(cluster, fault_free, tmp_path):
+    """The leader killed, then one etcd member, then every live member frozen for three lease TTLs: the
+    erlds' leases run out meanwhile, and they keep their processes (fenced) and rejoin."""
     timings = {}
 
     def kill_the_leader() -> None:
@@ -153,7 +157,16 @@ def test_the_leader_and_an_etcd_member_die_and_nothing_restarts(cluster, fault_f
     def kill_an_etcd_member() -> None:
         cluster.etcd.kill(0)
 
-    run_job(cluster, tmp_path, job(), [(kill_the_leader, 2), (kill_an_etcd_member, 5)], timeout_s=400)
+    def stop_etcd() -> None:
+        live = [m.process for m in cluster.etcd.members if m.process is not None and m.process.poll() is None]
+        for process in live:
+            process.send_signal(signal.SIGSTOP)
+        time.sleep(3 * TTL_S)
+        for process in live:
+            process.send_signal(signal.SIGCONT)
+
+    faults = [(kill_the_leader, 2), (kill_an_etcd_member, 5), (stop_etcd, 7)]
+    run_job(cluster, tmp_path, job(), faults, timeout_s=400)
     assert timings["leaderless_s"] <= TTL_S + 1
     assert_every_rollout_once(tmp_path)
     kinds = Counter(e["kind"] for e in job_events(tmp_path))
