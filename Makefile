@@ -1,4 +1,4 @@
-# elastic-rl: `make run` and `make test` are the two set-up commands (see README).
+# elastic-rl: `make run` and `make test` are the two set-up commands (see README.md).
 # Both create .venv, install the project with the CPU build of torch, install
 # etcd if it is missing, then run. `make test` (and `make smollm2`) also import
 # SmolLM2-135M-Instruct into models/. Re-running is fast: the install is redone
@@ -46,16 +46,19 @@ demo: setup
 	$(PY) -m elastic_rl.demo examples/tiny-grpo.yaml
 
 # ruff's lint rules and formatting, the import contracts in pyproject.toml (no circles; imports go down),
-# and the generated reference pages current with the code.
+# the generated reference pages current with the code, and the docs site built strictly (a broken link,
+# anchor or page fails).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-logo
 	$(PY) scripts/reference_docs.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-# Regenerate docs/reference/ from the code.
+# Regenerate docs/reference/ from the code, then build the site into build/site/.
 docs: setup
 	$(PY) scripts/reference_docs.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 test: setup models lint
 	$(PY) -m pytest
