@@ -391,7 +391,7 @@ class Controller:
                     count = sum(1 for g in held_groups if g.kind is group.kind)
                     changes.events.append(
                         (
-                            f"{group.kind.value}_removed",
+                            EventKind(f"{group.kind.value}_removed"),
                             f"{group.name} leaves ({lost[group.name]}): the job goes on with {count}; it grows back "
                             "where slots come free",
                             {"group": group.name},

@@ -59,7 +59,11 @@ def drain_groups(
         elif step is DrainStep.OVERDUE:
             leaving[group] = f"it had not left node {node} by its drain deadline"
             changes.events.append(
-                ("drain_overdue", f"{group} {leaving[group]}: recovered as after a node death", {"group": group})
+                (
+                    EventKind.DRAIN_OVERDUE,
+                    f"{group} {leaving[group]}: recovered as after a node death",
+                    {"group": group},
+                )
             )
         else:
             marked = any("drain" in a for m in groups.values() for a in m.values() if a["node"] == node)

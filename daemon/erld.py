@@ -148,6 +148,8 @@ class Erld:
         self.controller = Controller(store, self.node, self._events, self.mirror.applied)
         self.lease = None
         self.renewed = 0.0
+        self.rejoining = False
+        """The lease was found gone and the node name is not held again yet: fenced until it is."""
         self.leading = False
         self.stopping = asyncio.Event()
         self.drain_requested: float | None = None
@@ -220,11 +222,15 @@ class Erld:
         while not self.stopping.is_set():
             pause = self.config.lease_ttl_s / 4
             try:
-                await self.store.refresh(self.lease)
-                self.renewed = time.monotonic()
+                if self.rejoining:
+                    await self.rejoin()
+                else:
+                    await self.store.refresh(self.lease)
+                    self.renewed = time.monotonic()
             except LeaseExpired as exc:
                 log.warning("%s", exc)
                 if node_action(LeaseStanding.EXPIRED) is NodeAction.REJOIN:
+                    self.rejoining = True
                     await self.rejoin()
             except StoreUnavailable as exc:
                 # etcd may be electing a leader: try again at once, for the lease's time is running out.
@@ -237,7 +243,9 @@ class Erld:
 
     def lease_standing(self) -> LeaseStanding:
         """What the main loop knows: fresh, or unconfirmed (the keep-alive learns the rest from etcd)."""
-        return LeaseStanding.UNCONFIRMED if self.lease_may_have_expired() else LeaseStanding.FRESH
+        if self.rejoining or self.lease_may_have_expired():
+            return LeaseStanding.UNCONFIRMED
+        return LeaseStanding.FRESH
 
     async def rejoin(self) -> None:
         """The lease is gone: hold the node name under a new one, keeping every process. The agents
@@ -260,6 +268,7 @@ class Erld:
         node_key = keys.node(self.node)
         record, revision = await self.store.get_with_revision(node_key)
         self.mirror.applied({node_key: record}, (), revision)
+        self.rejoining = False
 
     async def is_leader(self) -> bool:
         """Whether this erld leads, as the mirror has the leader key; with none, try to take it. A stale

@@ -47,11 +47,16 @@ class EventKind(StrEnum):
     SPARE_DEGRADED = "spare_degraded", "A spare waits for room."
     ENGINE_DEGRADED = "engine_degraded", "An engine waits for room; the job runs on the others."
     SERVICES_DEGRADED = "services_degraded", "The services wait for room."
-    REPLICA_REMOVED = "replica_removed", "`erl scale` removed a replica."
+    REPLICA_REMOVED = "replica_removed", "A replica beyond the minimum left: scaled away, or its node lost."
+    ENGINE_REMOVED = "engine_removed", "An engine beyond the minimum lost its node with no room elsewhere and left."
     ENGINES_SCALED = "engines_scaled", "The number of engines placed changed."
     SPARE_PROMOTED = "spare_promoted", "A warm spare took the place of a failed replica."
     NODE_DRAINING = "node_draining", "A node was asked to drain: the job's processes leave it at safe points."
     NODE_DRAINED = "node_drained", "The job has left a draining node."
+    DRAIN_OVERDUE = (
+        "drain_overdue",
+        "A process had not left its draining node by the deadline: moved as after a node death.",
+    )
     # Trainers.
     TRAINER_READY = "trainer_ready", "A trainer rank imported and set up; it asks for a quorum next."
     TRAINER_RESUMED = "trainer_resumed", "A trainer resumed from a snapshot; the rollouts it trains again are named."

@@ -104,7 +104,7 @@ METRICS = (
     Metric("train/quarantined", Unit.COUNT, "1 when the rollout was quarantined (non-finite everywhere)."),
     Metric("train/wait_rollout_time", Unit.SECONDS, "The trainer waiting for the rollout to be committed."),
     Metric("train/prepare_time", Unit.SECONDS, "Old-policy, reference and advantage passes before the steps."),
-    Metric("train/rollout_train_time", Unit.SECONDS, "Training the rollout, preparation included."),
+    Metric("train/rollout_train_time", Unit.SECONDS, "Training the rollout's steps, after its preparation."),
     Metric("train/snapshot_gate_time", Unit.SECONDS, "Steps held for a snapshot's gate, summed over the rollout."),
     Metric("train/snapshot_call_time", Unit.SECONDS, "The trainer stalled starting its snapshot."),
     Metric("train/snapshot_wait_previous_time", Unit.SECONDS, "Waiting for the previous snapshot to finish."),

@@ -57,6 +57,24 @@ def test_no_event_is_emitted_under_a_bare_string():
     assert not bare
 
 
+def test_no_event_is_queued_under_a_bare_string():
+    """The controller's passes queue their events as (kind, message, fields) on ``changes.events``."""
+    bare = [
+        f"{where(path, node)}: {ast.unparse(node.args[0].elts[0])}"
+        for path, tree in source_trees()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "append"
+        and isinstance(node.func.value, ast.Attribute)
+        and node.func.value.attr == "events"
+        and node.args
+        and isinstance(node.args[0], ast.Tuple)
+        and isinstance(node.args[0].elts[0], ast.Constant | ast.JoinedStr)
+    ]
+    assert not bare
+
+
 def test_the_kinds_readers_match_on_are_registered():
     assert set(FAULT_SIGNS) <= set(EventKind)
     assert set(MARKED_EVENTS) <= set(EventKind)
