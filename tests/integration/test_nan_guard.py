@@ -47,7 +47,7 @@ def test_a_transient_nan_is_skipped_without_a_rollback(tmp_path, cache):
     assert layout.quarantined_rollouts(workdir) == set()
 
 
-@pytest.mark.chaos  # `make chaos`, to keep `make test` under 20 minutes: the rollback path
+@pytest.mark.chaos  # `make chaos`, to keep `make test` within its time: the rollback path
 def test_nan_in_the_data_quarantines_the_batch_and_rolls_back(tmp_path, cache):
     workdir, kinds, _ = run("nan-data", tmp_path, cache)
     assert kinds["nan_step_skipped"] == 2 and kinds["rollout_quarantined"] == 1, kinds

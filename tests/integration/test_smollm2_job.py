@@ -118,7 +118,7 @@ def test_exported_weights_load_in_transformers(fault_free):
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.tie_word_embeddings
 
 
-# `make chaos`, to keep `make test` under 20 minutes; make test heals the tiny model (test_cluster.py)
+# `make chaos`, to keep `make test` within its time; make test heals the tiny model (test_cluster.py)
 @pytest.mark.chaos
 @pytest.mark.timeout(600)
 def test_a_killed_replica_heals_from_its_peer(smollm2_daemon, fault_free, tmp_path):
