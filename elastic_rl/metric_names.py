@@ -1,7 +1,7 @@
 """Every metric a job writes to ``metrics.jsonl``: its name, its unit and what it means.
 
 One line per trained rollout, written by the orchestrator from its own figures
-(``rollout/``, ``perf/``, ``eval/``, ``memory/``) and the trainer leader's
+(``rollout/``, ``perf/``, ``eval/``, ``memory/``, ``handover/``) and the trainer leader's
 (``train/``), and sent on to the sinks of ``metrics`` (TensorBoard, W&B).
 A name with a ``{placeholder}`` stands for one metric per dataset, slot or
 layer. This registry is the list the docs' metrics reference is generated
@@ -114,6 +114,9 @@ METRICS = (
     Metric("train/broadcast_engines", Unit.COUNT, "Engines the broadcast reached."),
     Metric("train/offload_time", Unit.SECONDS, "Colocated: moving the trainer's state to host memory."),
     Metric("train/onload_time", Unit.SECONDS, "Colocated: moving it back to the device."),
+    # Colocated mode's turns: the engines giving their memory back before training, taking it back after.
+    Metric("handover/release_time", Unit.SECONDS, "Colocated: the engines releasing their memory."),
+    Metric("handover/resume_time", Unit.SECONDS, "Colocated: the engines taking their memory back."),
     # Colocated slots' memory, from the handover records.
     Metric("memory/{slot}/generation_peak_bytes", Unit.BYTES, "Colocated: a slot's peak while generating."),
     Metric("memory/{slot}/training_peak_bytes", Unit.BYTES, "Colocated: a slot's peak while training."),

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("elastic_rl", "daemon", "policies", "checkpoints", "chaos")
 EMITTERS = ("emit", "emit_event", "event", "report", "_report")
-METRIC_PREFIXES = ("rollout/", "train/", "perf/", "eval/", "memory/")
+METRIC_PREFIXES = ("rollout/", "train/", "perf/", "eval/", "memory/", "handover/")
 
 
 def source_trees() -> list[tuple[Path, ast.Module]]:
