@@ -227,11 +227,10 @@ class Erld:
                 else:
                     await self.store.refresh(self.lease)
                     self.renewed = time.monotonic()
-            except LeaseExpired as exc:
+            except LeaseExpired as exc:  # policies.lease_loss: an expired lease is rejoined, keeping every process
                 log.warning("%s", exc)
-                if node_action(LeaseStanding.EXPIRED) is NodeAction.REJOIN:
-                    self.rejoining = True
-                    await self.rejoin()
+                self.rejoining = True
+                await self.rejoin()
             except StoreUnavailable as exc:
                 # etcd may be electing a leader: try again at once, for the lease's time is running out.
                 log.warning("lease refresh failed: %s", exc)

@@ -4,6 +4,7 @@ the registries), found by reading the source: a path no test runs is checked too
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,12 @@ EMITTERS = ("emit", "emit_event", "event", "report", "_report")
 METRIC_PREFIXES = ("rollout/", "train/", "perf/", "eval/", "memory/", "handover/")
 
 
-def source_trees() -> list[tuple[Path, ast.Module]]:
-    return [
+@functools.cache
+def source_trees() -> tuple[tuple[Path, ast.Module], ...]:
+    """Every module of the packages, parsed once for all the tests here."""
+    return tuple(
         (path, ast.parse(path.read_text())) for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
-    ]
+    )
 
 
 def where(path: Path, node: ast.AST) -> str:
