@@ -106,6 +106,21 @@ def inject(fault: Fault, topology: Topology, status: dict, workdir: Path, rng: r
         else:
             _burst(pid, fault.burst_s, fault.period_s, now + fault.duration_s)
         return Injection(kind.value, name, now, pid, proc.get("node"), proc.get("device"), now + fault.duration_s)
+    if kind is FaultKind.SLOW_TRAINER:
+        replica = int(fault.target or 0)
+        ranks = {
+            name: proc
+            for name, proc in status["procs"].items()
+            if name.startswith(f"trainer-{replica}-") and proc.get("state") == "running" and proc.get("pid")
+        }
+        if not ranks:
+            raise NoTarget(f"no running rank of trainer replica {replica}")
+        pids = [proc["pid"] for proc in ranks.values()]
+        _burst(pids, fault.burst_s, fault.period_s, now + fault.duration_s)
+        first = ranks[min(ranks)]
+        return Injection(
+            kind.value, f"trainer-{replica}", now, pids, first.get("node"), first.get("device"), now + fault.duration_s
+        )
     if kind is FaultKind.KILL_DEVICE:
         node, device = _device_of(status, fault.target, rng)
         on_it = [

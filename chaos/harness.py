@@ -163,9 +163,17 @@ def run_scenario(scenario: ChaosScenario, out: Path, cache: Path | None = None) 
     checks = check_run(workdir, reference, run.status, scenario.weights_tolerance, scenario.nothing_redone)
     scheduled = sum(fault.kind is not FaultKind.NAN for fault in scenario.faults)
     # A fault whose moment went by unseen (the job ended first) tested nothing.
-    missed = "" if len(run.injections) == scheduled else f"{scheduled - len(run.injections)} fault(s) never fired"
+    missed = [] if len(run.injections) == scheduled else [f"{scheduled - len(run.injections)} fault(s) never fired"]
+    seen = {event["kind"] for event in layout.read_lines(layout.events_path(workdir))}
+    missed += [f"no {kind.value} event" for kind in scenario.expect_events if kind.value not in seen]
     result = ScenarioResult(
-        scenario, checks, analyse_faults(run, workdir, reference), reference_wall, wall_time(workdir), out, missed
+        scenario,
+        checks,
+        analyse_faults(run, workdir, reference),
+        reference_wall,
+        wall_time(workdir),
+        out,
+        "; ".join(missed),
     )
     write_report(result, workdir, reference)
     return result

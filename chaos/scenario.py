@@ -11,6 +11,7 @@ named with their field, exit 2):
     faults:
       - {kind: hang, target: engine-0, at: {rollout: 3}, duration_s: 20}
     weights_tolerance: 0.0                     # 0: bitwise equal to the fault-free run
+    expect_events: [engine_unhealthy]          # what the faults must cause
 
 A fault fires at a rollout (once that many are trained), at a time after the
 job started, or at a random rollout within a window (drawn from the seed),
@@ -25,6 +26,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from elastic_rl.errors import SpecError
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.spec.loading import read_spec_file
 
 
@@ -35,6 +37,9 @@ class FaultKind(Enum):
     """SIGSTOP a job process for duration_s, then SIGCONT."""
     SLOW_ENGINE = "slow_engine"
     """SIGSTOP an engine in bursts (burst_s every period_s) for duration_s."""
+    SLOW_TRAINER = "slow_trainer"
+    """SIGSTOP every rank of one trainer replica (target: its index) in bursts (burst_s every period_s) for
+    duration_s: a straggler, slow but alive."""
     KILL_DEVICE = "kill_device"
     """Kill every process on a device slot (a process's, or node/slot) and mark it failed for duration_s."""
     KILL_ERLD = "kill_erld"
@@ -142,6 +147,9 @@ class ChaosScenario(Scenario):
     """Largest relative difference of any weight to the fault-free run's; 0 is bitwise; null: not
     compared, for faults that change what is trained (a batch quarantined as bad data)."""
     timeout_s: float = Field(900.0, gt=0)
+    expect_events: list[EventKind] = []
+    """Event kinds the faults must cause, each at least once (a straggler found, say): a fault the job
+    never noticed tested nothing."""
     nothing_redone: bool = False
     """The faults leave time enough to hand work over (a drain or preemption with a long notice): checked
     too that nothing was redone (no resume from a snapshot, no crash, nothing taken at a deadline)."""

@@ -389,7 +389,7 @@ class JobAgent:
             if decision.quarantine_device:
                 devices = [p.device for p in group if p.device is not None]
                 await mark_failed(
-                    self.store, self.node, devices, f"{proc.name}: non-finite values", self.device_cooldown_s
+                    self.store, self.node, devices, f"{proc.name}: {decision.reason}", self.device_cooldown_s
                 )
             for member in group:
                 member.state = ProcState.DISPLACED

@@ -8,8 +8,9 @@ at scrape time: process states and restarts of the processes this node runs,
 its pre-imported interpreters (ready or importing), engine health, and for
 every job it follows (the leader: every job; another erld: the jobs with a
 process on its node) its quorum size, rollouts committed, step and rollout
-time, snapshot age, time lost to faults (``policies.fault_time``), and
-replicas and engines held against their range; the state of this node's
+time, snapshot age, time lost to faults (``policies.fault_time``), stragglers
+found (``policies.straggler``), and replicas and engines held against their
+range; the state of this node's
 device slots; whether any node drains; whether this erld leads.
 ``/healthz`` answers 200 while the node lease is fresh.
 
@@ -31,6 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from checkpoints import layout
 from checkpoints.discovery import newest_committed_snapshot
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.store.job_phase import JobPhase
 from policies.fault_time import FAULT_SIGNS, time_lost_to_faults
 
@@ -119,6 +121,10 @@ class ClusterCollector:
                 last_rollout("train/step_time"),
             ),
             "erld_job_rollout_time_seconds": ("generation time of the last rollout", last_rollout("rollout/time")),
+            "erld_job_straggler_ratio": (
+                "the slowest replica's own time per step over its peers' median (mean over the last rollout)",
+                last_rollout("train/straggler_ratio"),
+            ),
             "erld_job_snapshot_age_seconds": ("seconds since the newest committed snapshot", lambda p, s: s),
             "erld_job_colocation_saved_bytes": (
                 "colocated: what two slots of their own would have held for each slot's engine and trainer rank, "
@@ -131,6 +137,11 @@ class ClusterCollector:
             "erld_job_time_lost_to_faults_seconds",
             "time the job's faults cost: its rollout intervals with a fault, beyond its usual interval",
             labels=["job"],
+        )
+        stragglers = CounterMetricFamily(
+            "erld_job_stragglers",
+            "times a trainer replica was found straggling: replaced, or kept for want of anywhere to go",
+            labels=["job", "outcome"],
         )
         slot_memory = GaugeMetricFamily(
             "erld_job_slot_peak_memory_bytes",
@@ -151,10 +162,16 @@ class ClusterCollector:
                 if value is not None:
                     families[name].add_metric([job], float(value))
             if status.get("workdir"):
-                lost.add_metric([job], job_time_lost(Path(status["workdir"])))
+                workdir = Path(status["workdir"])
+                events = layout.read_lines(layout.events_path(workdir))
+                lost.add_metric([job], job_time_lost(workdir, events))
+                found = [event for event in events if event["kind"] == EventKind.REPLICA_STRAGGLING]
+                stragglers.add_metric([job, "replaced"], float(sum(bool(e.get("replaced")) for e in found)))
+                stragglers.add_metric([job, "kept"], float(sum(not e.get("replaced") for e in found)))
         yield committed
         yield from families.values()
         yield lost
+        yield stragglers
         yield slot_memory
 
         sizes = GaugeMetricFamily(
@@ -199,10 +216,10 @@ def slot_peaks(metrics: dict[str, Any]) -> dict[tuple[str, str], float]:
     return peaks
 
 
-def job_time_lost(workdir: Path) -> float:
-    """``policies.fault_time`` over the job's metrics.jsonl and events.jsonl, as of now."""
+def job_time_lost(workdir: Path, events: list[dict[str, Any]]) -> float:
+    """``policies.fault_time`` over the job's metrics.jsonl and its events, as of now."""
     trained = [line["time"] for line in layout.read_lines(layout.metrics_lines_path(workdir))]
-    faults = [event["time"] for event in layout.read_lines(layout.events_path(workdir)) if event["kind"] in FAULT_SIGNS]
+    faults = [event["time"] for event in events if event["kind"] in FAULT_SIGNS]
     return time_lost_to_faults(trained, faults, time.time())
 
 

@@ -73,6 +73,11 @@ class EventKind(StrEnum):
         "A rollout is non-finite on every replica: it is skipped after rollback.",
     )
     DEVICE_QUARANTINED = "device_quarantined", "A device kept producing non-finite values: it is marked failed."
+    REPLICA_STRAGGLING = (
+        "replica_straggling",
+        "A trainer replica was slower than its peers for several steps in a row: it leaves for a replacement, "
+        "its devices marked failed (or, with nowhere to go, it trains on).",
+    )
     SNAPSHOT_FAILED = "snapshot_failed", "A snapshot could not be saved (a full disk, say); the next one tries again."
     SNAPSHOT_SKIPPED = "snapshot_skipped", "A snapshot failed its check on resume; an older one is used."
     WEIGHT_BROADCAST_FAILED = "weight_broadcast_failed", "Broadcasting weights failed; the engines load them from disk."

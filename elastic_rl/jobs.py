@@ -11,6 +11,7 @@ from checkpoints.layout import committed_rollouts, version_after
 from checkpoints.rewind import rewind
 from elastic_rl import job_secret
 from elastic_rl.errors import ElasticRLError, InputError
+from elastic_rl.event_kinds import EventKind
 from elastic_rl.memory_plan import plan
 from elastic_rl.spec.engines import DEFAULT_COUNT, EnginesSpec
 from elastic_rl.spec.job import JobSpec
@@ -154,7 +155,7 @@ async def describe(store: Store, job_id: str, events: int = 10) -> dict[str, Any
         for name, assignment in assigned.items()
     }
     procs.update({name: record for name, record in reported.items() if name not in procs})
-    found_events = await store.get_prefix(keys.events(job_id))
+    found_events = [event for _, event in sorted((await store.get_prefix(keys.events(job_id))).items())]
     workdir = Path(status["workdir"])
     snapshot = newest_committed_snapshot(workdir)
     log = committed_rollouts(workdir)
@@ -167,7 +168,8 @@ async def describe(store: Store, job_id: str, events: int = 10) -> dict[str, Any
         "progress": await store.get(keys.job_progress(job_id)) or {},
         "procs": dict(sorted(procs.items())),
         "slots": slot_holders(assigned),
-        "events": [found_events[key] for key in sorted(found_events)[-events:]],
+        "events": found_events[-events:],
+        "stragglers": [event for event in found_events if event["kind"] == EventKind.REPLICA_STRAGGLING],
     }
 
 

@@ -88,6 +88,17 @@ METRICS = (
     Metric("train/participants", Unit.COUNT, "Replicas in the torchft quorum of each step."),
     Metric("train/lr", Unit.VALUE, "Learning rate after the rollout's last step."),
     Metric("train/step_time", Unit.SECONDS, "One optimizer step, forward to update."),
+    Metric(
+        "train/compute_time",
+        Unit.SECONDS,
+        "The exporting replica's own time per step, outside the all-reduce: its forward and backward passes.",
+    ),
+    Metric(
+        "train/straggler_ratio",
+        Unit.VALUE,
+        "Per step, the slowest replica's own time over the median of its peers' (1 with one replica); "
+        "mean over the rollout's steps.",
+    ),
     Metric("train/logprob_abs_diff_max", Unit.VALUE, "Largest |trainer - engine| log prob over response tokens."),
     Metric(
         "train/on_policy_logprob_abs_diff_max",

@@ -11,6 +11,7 @@ Pure: the facts of one exit in, an action out. The rows:
 | any | unknown (adopted from an earlier erld), its assignment asked it to leave | as drained |
 | trainer | rollback (75) | restart at once, from the newest snapshot |
 | trainer | device quarantined (76) | mark the device failed; the replica moves (a warm spare, or free devices) |
+| trainer | straggled (79) | as device quarantined: its devices marked failed, the replica moves |
 | trainer | other, an idle warm spare exists | the spare takes the replica's place |
 | engine | other, its budget spent, another engine running | give it up: the job runs degraded on the others |
 | any | other | restart after the restart policy's backoff, or fail the job once its budget is spent |
@@ -39,6 +40,9 @@ or a trainer cannot run where it was placed (a GPU slot and a torch without CUDA
 EXIT_SUPERSEDED = 78
 """A process found its assignment taken by a newer instance (``elastic_rl.fencing``): a crash like any
 other here, and a number of its own, so that it is never taken for a give-up."""
+EXIT_STRAGGLED = 79
+"""This replica was slower than its peers for ``fault_tolerance.straggler_steps`` steps in a row
+(``policies.straggler``) and left: mark its devices failed, move the replica."""
 EXIT_DRAINED = 73
 """The process left its draining node at its safe point (``policies.drain``): a trainer replica after its
 rollout's last step, the orchestrator after a commit. Not a crash: nothing restarts it here."""
@@ -106,7 +110,11 @@ def decide_exit(facts: ExitFacts, policy: RestartPolicy) -> ExitDecision:
     if facts.role == "trainer" and facts.exit_code == EXIT_ROLLBACK:
         return ExitDecision(ExitAction.RESTART, rollback=True, reason="restarting from the newest snapshot")
     if facts.role == "trainer" and facts.exit_code == EXIT_DEVICE_QUARANTINED:
-        return ExitDecision(ExitAction.MOVE_REPLICA, quarantine_device=True, reason="its device was quarantined")
+        return ExitDecision(
+            ExitAction.MOVE_REPLICA, quarantine_device=True, reason="its device produced non-finite values"
+        )
+    if facts.role == "trainer" and facts.exit_code == EXIT_STRAGGLED:
+        return ExitDecision(ExitAction.MOVE_REPLICA, quarantine_device=True, reason="it straggled behind its peers")
     if facts.role == "trainer" and facts.idle_spare:
         return ExitDecision(ExitAction.MOVE_REPLICA, reason="a warm spare takes its place")
     restart = decide_restart(policy, list(facts.restarts), facts.now)

@@ -33,6 +33,7 @@ FAULT_SIGNS = (
     "job_adopted",
     "trainer_rollback",
     "snapshot_failed",
+    "replica_straggling",
 )
 """The event kinds that say a fault happened (or was seen to)."""
 

@@ -59,6 +59,14 @@ def _format_status(info: dict[str, Any]) -> str:
         + "   rollout log: "
         + ("empty" if log is None else f"rollouts {log[0]}..{log[1]}")
     )
+    if info.get("stragglers"):
+        found = info["stragglers"]
+        replaced = sum(bool(event.get("replaced")) for event in found)
+        last = found[-1]
+        lines.append(
+            f"  stragglers: {replaced} replaced, {len(found) - replaced} kept for want of room; "
+            f"last: {last.get('proc')} at step {last.get('step')}, {last['message']}"
+        )
     if info["procs"]:
         lines.append("  processes:")
         for name, proc in info["procs"].items():

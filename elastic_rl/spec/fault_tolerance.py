@@ -1,4 +1,5 @@
-"""The ``fault_tolerance`` section: quorum and collective timeouts, restart budgets, warm spares, the NaN response."""
+"""The ``fault_tolerance`` section: quorum and collective timeouts, restart budgets, warm spares, the NaN and
+straggler responses."""
 
 from __future__ import annotations
 
@@ -48,3 +49,12 @@ class FaultToleranceSpec(Component):
     offload it. A process that takes longer is taken for hung: it is killed and restarted, as any fault."""
     max_consecutive_nan_skips: PositiveInt = 3
     """Non-finite steps skipped in a row before rolling back to the newest snapshot."""
+    straggler_factor: float | None = Field(2.0, gt=1.0)
+    """A trainer replica whose own time per step (its forward and backward passes, outside the all-reduce)
+    is at least this many times the median of its peers' is slow in that step; null: stragglers are never
+    replaced. Two: healthy replicas' steps differ by far less, and a replica at half its peers' pace
+    halves the whole job's (``policies.straggler``)."""
+    straggler_steps: PositiveInt = 5
+    """Slow this many committed steps in a row, a replica is a straggler: it leaves, its devices are
+    marked failed, and a warm spare or a free device takes its place (or the job goes on with one
+    replica fewer, above its minimum). With nowhere to go it trains on, and says so."""

@@ -50,6 +50,7 @@ from elastic_rl.trainer.grad_norm import grad_norm
 from elastic_rl.trainer.master_weights import MasterWeights
 from elastic_rl.trainer.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere
+from policies.straggler import StragglerRule, StragglerVerdict, judge, peer_ratios
 
 # Sums over the step's samples, all-reduced across replicas; samples_per_step proves the global batch was whole.
 METRIC_NAMES = (
@@ -186,6 +187,8 @@ class StepOutcome:
     decision: Decision
     leader: bool
     """This replica was participant 0 of the step: it exports and snapshots for the job."""
+    straggling: StragglerVerdict | None = None
+    """A committed step's straggler verdict (every replica reaches the same)."""
 
 
 class GrpoTrainer:
@@ -216,6 +219,7 @@ class GrpoTrainer:
         self.expert_gradient_size = sum(p.numel() for p in self.parameters if is_split_over_experts(p))
         self.device = self.parameters[0].device
         self.consecutive_skips = 0
+        self.straggler_streaks: dict[int, int] = {}  # replica -> its slow committed steps in a row
         # bf16 parameters: their gradients add up in megatron's fp32 buffers, summed beside the flat one.
         self.master = optimizer if isinstance(optimizer, MasterWeights) else None
         self.gradient_buffers = self.master.gradient_buffers if self.master is not None else []
@@ -228,12 +232,12 @@ class GrpoTrainer:
 
     def _all_reduce_buffer(self, replicas: int) -> tuple[torch.Tensor, int]:
         """What one step all-reduces, in one tensor: every gradient, then the metric sums, then per replica
-        slot its verdict and its shard. Each parameter's ``.grad`` is a view of its part, so the backward
+        slot its verdict, its shard and its time. Each parameter's ``.grad`` is a view of its part, so the backward
         pass accumulates straight into it and nothing is copied in or out (a copy each way of the whole
         gradient, 0.3 s a step on SmolLM2 here). With bf16 parameters the gradients are megatron's
         buffers instead, and this one holds the rest."""
         size = sum(p.numel() for p in self.parameters) if self.master is None else 0
-        reduced = torch.zeros(size + len(METRIC_NAMES) + 2 * replicas, device=self.device)
+        reduced = torch.zeros(size + len(METRIC_NAMES) + 3 * replicas, device=self.device)
         offset = 0
         for param in self.parameters if self.master is None else ():
             param.grad = reduced[offset : offset + param.numel()].view_as(param)
@@ -414,16 +418,19 @@ class GrpoTrainer:
         mine = self._data_rank_part(shards[rank])
         sums = self._shard_loss(ctx, mine, global_tokens, global_batch, backward=True, measure_gap=measure_gap)
         local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
+        own_time = self._replica_time(time.monotonic() - step_started)
 
         # One all-reduce (beside it, megatron's gradient buffers with bf16 parameters): gradients, metric sums,
-        # and per replica slot its verdict and its shard. Inside
+        # and per replica slot its verdict, its shard and its time. Inside
         # the replica first (its data-parallel ranks' sums: a verdict counts the ranks that saw a NaN, the
-        # shard is given once), then across replicas, each rank with its peers of the same place.
+        # shard and the time are given once), then across replicas, each rank with its peers of the same place.
         offset = self.gradient_size
         flat[offset : offset + len(METRIC_NAMES)] = sums.to(self.device)
         verdicts = flat[offset + len(METRIC_NAMES) :]
+        gives_once = self.data_rank == 0 and self.first_stage
         verdicts[self.replica] = 0.0 if local_finite else 1.0
-        verdicts[replicas + self.replica] = rank + 1 if self.data_rank == 0 and self.first_stage else 0.0
+        verdicts[replicas + self.replica] = rank + 1 if gives_once else 0.0
+        verdicts[2 * replicas + self.replica] = own_time if gives_once else 0.0
         sum_over_stages(flat[offset:])  # the last stage's metric sums; every stage's verdict
         self._sum_step_over_data_ranks(flat)
         for buffer in self.gradient_buffers:
@@ -436,9 +443,10 @@ class GrpoTrainer:
         sums = flat[offset : offset + len(METRIC_NAMES)]
 
         decision = Decision(Response.COMMIT)
+        participants = frozenset(r for r in range(replicas) if verdicts[replicas + r] > 0)
         if self.manager.errored() is None:
             health = StepHealth(
-                participants=frozenset(r for r in range(replicas) if verdicts[replicas + r] > 0),
+                participants=participants,
                 nonfinite=frozenset(r for r in range(replicas) if verdicts[r] > 0),
                 reduced_finite=all(all_finite(t) for t in [flat, *self.gradient_buffers]),
             )
@@ -449,6 +457,7 @@ class GrpoTrainer:
                 self.manager.report_error(NonFiniteStep(decision.reason))
 
         norm = grad_norm(self.parameters)
+        straggling = None
         committed = self.manager.should_commit()
         gate_time = self.before_optimizer_step()
         if committed:
@@ -461,16 +470,38 @@ class GrpoTrainer:
             self.consecutive_skips = 0
             if index == 0:
                 ctx.metrics.add(first_step_ppo_kl=sums[METRIC_NAMES.index("ppo_kl")])
+            straggling = self._watch_stragglers({r: verdicts[2 * replicas + r].item() for r in participants})
             ctx.metrics.add(
                 **dict(zip(METRIC_NAMES, sums.tolist())),
                 grad_norm=norm.item(),
                 step_time=time.monotonic() - step_started,
+                compute_time=own_time,
+                straggler_ratio=straggling.ratio,
                 snapshot_gate_time=gate_time,
                 participants=self.manager.num_participants(),
             )
         elif decision.response is Response.SKIP:
             self.consecutive_skips += 1
-        return StepOutcome(committed, decision, leader=rank == 0)
+        return StepOutcome(committed, decision, leader=rank == 0, straggling=straggling)
+
+    def _replica_time(self, seconds: float) -> float:
+        """The replica's own time for the step: its slowest rank's, so that every rank of a replica holds
+        the same times and reaches the same straggler verdict."""
+        if torch.distributed.get_world_size() == 1:
+            return seconds
+        slowest = torch.tensor([seconds], device=self.device)
+        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+        return slowest.item()
+
+    def _watch_stragglers(self, times: dict[int, float]) -> StragglerVerdict:
+        """A committed step's times: the runs of slow steps they extend or end (``policies.straggler``)."""
+        factor = self.spec.fault_tolerance.straggler_factor
+        if factor is None:
+            return StragglerVerdict({}, frozenset(), peer_ratios(times))
+        rule = StragglerRule(factor=factor, steps=self.spec.fault_tolerance.straggler_steps)
+        verdict = judge(times, self.straggler_streaks, rule)
+        self.straggler_streaks = verdict.streaks
+        return verdict
 
     def _scale_aux_loss(self, micro_batches: int) -> None:
         """A mixture of experts' load-balancing loss: each of this rank's micro-batches weighs

@@ -20,7 +20,8 @@ peers skips the replay: the quorum heals it.
 
 A warm spare first waits for a replica's place (``trainer.warm_spare``); the
 NaN/Inf guard's responses that outlive a step end the process with an exit
-code erld acts on (``trainer.nan_response``).
+code erld acts on (``trainer.nan_response``), and so does a straggler's
+leaving (``trainer.straggler_response``).
 
 A replica on a draining node leaves after its rollout's last step: the
 assignment check before publishing says so, it publishes, waits for its
@@ -78,10 +79,12 @@ from elastic_rl.trainer.optimizer import (
     take_scheduled_rates,
 )
 from elastic_rl.trainer.publisher import RolloutPublisher
+from elastic_rl.trainer.straggler_response import respond_to_straggling
 from elastic_rl.trainer.warm_spare import wait_for_place
 from elastic_rl.trainer.weight_broadcast import WeightBroadcaster
 from policies.devices import CrossReplicaGroup, Precision, cross_replica_group, precision_problem
-from policies.exits import EXIT_DRAINED
+from policies.exits import EXIT_DRAINED, EXIT_STRAGGLED
+from policies.straggler import StragglerAction, StragglerRule, StragglerVerdict, due
 
 log = logging.getLogger("elastic_rl.trainer")
 
@@ -173,6 +176,7 @@ class TrainerReplica:
         self.participants = 0
         self.trained_any = False
         self.leaving = False  # asked to leave a draining node: after the rollout in hand
+        self.straggling: StragglerVerdict | None = None  # the last committed step's straggler verdict
         self.rollout_wait_s = 0.0  # how long the rollout in hand took to be committed after it was wanted
         self.lighthouse = os.environ[jobenv.LIGHTHOUSE_URL]
         # A resume's costs (report_caught_up): set as the replica joins and loads its snapshot.
@@ -343,6 +347,7 @@ class TrainerReplica:
                 self.publish(rollout_id)
                 if self.leaving:
                     self.leave(rollout_id)
+            self.act_on_straggling(position)
         self.snapshots.wait()
         self.manager.shutdown(wait=False)
 
@@ -493,7 +498,32 @@ class TrainerReplica:
         if outcome.committed:
             self.trained_any = True
             self.leader = outcome.leader
+        self.straggling = outcome.straggling
         return outcome.committed
+
+    def act_on_straggling(self, position: int) -> None:
+        """After a committed step (and its rollout's publishing): a replica the straggler rule names, at a
+        step where it is due to act, leaves for a replacement or says it cannot (``trainer.straggler_response``)."""
+        verdict, self.straggling = self.straggling, None
+        factor = self.spec.fault_tolerance.straggler_factor
+        if verdict is None or factor is None or self.replica not in verdict.stragglers:
+            return
+        streak = verdict.streaks[self.replica]
+        if not due(streak, StragglerRule(factor=factor, steps=self.spec.fault_tolerance.straggler_steps)):
+            return
+        action = respond_to_straggling(
+            self.spec,
+            ratio=verdict.ratios[self.replica],
+            streak=streak,
+            participants=self.participants,
+            proc=self.proc,
+            device=self.device,
+            step=position,
+        )
+        if action is StragglerAction.LEAVE:
+            self.snapshots.wait()
+            self.manager.shutdown(wait=False)
+            sys.exit(EXIT_STRAGGLED)
 
     def publish(self, rollout_id: int) -> None:
         """After a rollout's last step: snapshot when due, then the weights and metrics for the engines."""

@@ -69,6 +69,7 @@ def scraped(workdir: Path | None = None) -> dict[str, object]:
                     "rollout/time": 10.0,
                     "train/step_time": 5.9,
                     "train/participants": 1,
+                    "train/straggler_ratio": 1.1,
                     "memory/node-a/0/generation_peak_bytes": 3e9,
                     "memory/node-a/0/training_peak_bytes": 2e9,
                     "memory/slot_peak_bytes_max": 3e9,
@@ -122,6 +123,19 @@ def test_the_time_a_fault_cost_is_exported_from_the_jobs_record(tmp_path):
     layout.events_path(tmp_path).write_bytes(b"".join(orjson.dumps(event) + b"\n" for event in events))
     lost = scraped(tmp_path)["samples"]["erld_job_time_lost_to_faults_seconds"].value
     assert lost == pytest.approx(15.0, abs=0.01)
+
+
+def test_stragglers_are_counted_by_what_became_of_them(tmp_path):
+    events = [
+        {"time": 1.0, "kind": "replica_straggling", "replaced": False},
+        {"time": 2.0, "kind": "replica_straggling", "replaced": True},
+        {"time": 3.0, "kind": "proc_exited"},
+    ]
+    layout.events_path(tmp_path).write_bytes(b"".join(orjson.dumps(event) + b"\n" for event in events))
+    exported = scraped(tmp_path)
+    found = {s.labels["outcome"]: s.value for s in exported["every"] if s.name == "erld_job_stragglers_total"}
+    assert found == {"replaced": 1.0, "kept": 1.0}
+    assert exported["samples"]["erld_job_straggler_ratio"].value == 1.1
 
 
 def test_the_dashboard_asks_only_for_metrics_erld_exports():
