@@ -3,7 +3,8 @@ fault loop, the `scale_engines` fault), the integration tests and the benchmarks
 
 ``erl`` runs one command and returns the finished process. ``job_status`` is what `erl status JOB
 -o json` prints, read in this process: the fault loop and the tests poll it several times a second,
-and a CLI process per poll would take most of a core from the job on a small machine.
+and a CLI process per poll would take most of a core from the job on a small machine. It waits through
+an etcd outage, which a scenario may inject.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from typing import Any
 
 from chaos.topology import REPO
 from elastic_rl import jobs
-from elastic_rl.store.client import Store
+from elastic_rl.store.client import Store, StoreUnavailable
+
+OUTAGE_WAIT_S = 300.0
 
 
 def erl(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
@@ -29,9 +33,19 @@ def erl(*args: str, timeout: float = 60, check: bool = False) -> subprocess.Comp
     )
 
 
-def job_status(endpoint: str, job: str) -> dict[str, Any]:
+def job_status(endpoint: str, job: str, outage_s: float = OUTAGE_WAIT_S) -> dict[str, Any]:
+    """The job as `erl status` shows it; through an etcd outage (a fault under test) it waits, up to
+    ``outage_s``, as `erl run` does."""
+
     async def describe() -> dict[str, Any]:
         async with Store(endpoint) as store:
             return await jobs.describe(store, job)
 
-    return asyncio.run(describe())
+    deadline = time.monotonic() + outage_s
+    while True:
+        try:
+            return asyncio.run(describe())
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)

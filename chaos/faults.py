@@ -83,6 +83,8 @@ def _pick_node(topology: Topology, status: dict, target: str | int | None) -> st
         name = topology.leader()
     elif target == "services":
         name = status["procs"].get("orchestrator", {}).get("node")
+    elif target in status["procs"]:
+        name = status["procs"][target].get("node")  # the node a named process runs on
     else:
         name = str(target) if target is not None else topology.nodes[0].name
     if name is None or name not in {node.name for node in topology.nodes}:
@@ -141,10 +143,17 @@ def inject(fault: Fault, topology: Topology, status: dict, workdir: Path, rng: r
     if kind is FaultKind.KILL_NODE:
         node = topology.node(_pick_node(topology, status, fault.target))
         return Injection(kind.value, node.name, now, node.kill_node(), node.name)
+    if kind is FaultKind.PARTITION:
+        node = topology.node(_pick_node(topology, status, fault.target))
+        node.link.cut()
+        _later(fault.duration_s, node.link.heal)
+        pids = sorted(node.job_pids())
+        return Injection(kind.value, node.name, now, pids, node.name, ends=now + fault.duration_s)
     if kind is FaultKind.KILL_ETCD_MEMBER:
         index = int(fault.target or 0)
         topology.etcd.kill(index)
-        return Injection(kind.value, f"etcd-{index}", now)
+        _later(fault.duration_s, lambda: topology.etcd.restart(index))
+        return Injection(kind.value, f"etcd-{index}", now, ends=now + fault.duration_s)
     if kind is FaultKind.CORRUPT_SNAPSHOT:
         snapshot = newest_valid_snapshot(workdir)
         if snapshot is None:

@@ -78,6 +78,7 @@ def make_topology(scenario: ChaosScenario, root: Path, environment: dict[str, st
         environment,
         pool=shape.pool,
         drain_on_term_s=shape.drain_on_term_s,
+        partitionable=scenario.partitionable,
     )
 
 

@@ -45,9 +45,14 @@ class FaultKind(Enum):
     KILL_ERLD = "kill_erld"
     """SIGKILL a node's erld (`leader`, or a node name) and start it again at once, as systemd would."""
     KILL_NODE = "kill_node"
-    """A whole node dies: its erld and every process it started (`services`, `leader`, or a node name)."""
+    """A whole node dies: its erld and every process it started (`services`, `leader`, a node name, or the node
+    of a named process)."""
+    PARTITION = "partition"
+    """Cut a node off from etcd for duration_s (target as for kill_node): its erld
+    and every process it started lose etcd, and still reach the other nodes' processes."""
     KILL_ETCD_MEMBER = "kill_etcd_member"
-    """SIGKILL one member of a several-member etcd (target: its index)."""
+    """SIGKILL one member of a several-member etcd (target: its index), and start it again, its data kept,
+    duration_s later. Two of three killed together: etcd has lost its quorum until they come back."""
     CORRUPT_SNAPSHOT = "corrupt_snapshot"
     """Flip bytes in the newest committed snapshot's data; the next resume must skip it."""
     FILL_DISK = "fill_disk"
@@ -151,8 +156,9 @@ class ChaosScenario(Scenario):
     """Event kinds the faults must cause, each at least once (a straggler found, say): a fault the job
     never noticed tested nothing."""
     nothing_redone: bool = False
-    """The faults leave time enough to hand work over (a drain or preemption with a long notice): checked
-    too that nothing was redone (no resume from a snapshot, no crash, nothing taken at a deadline)."""
+    """The faults leave time enough to hand work over (a drain or preemption with a long notice), or should
+    cost no restart at all (an etcd outage): checked too that nothing was redone (no resume from a
+    snapshot, no crash, nothing taken at a deadline)."""
 
     @model_validator(mode="after")
     def _fits_the_topology(self) -> ChaosScenario:
@@ -161,7 +167,7 @@ class ChaosScenario(Scenario):
                 raise ValueError(f"a {fault.kind.value} fault needs `at`")
             if fault.kind is FaultKind.KILL_ETCD_MEMBER and self.topology.etcd_members < 3:
                 raise ValueError("kill_etcd_member needs topology.etcd_members >= 3 (a quorum must survive)")
-            node_faults = (FaultKind.KILL_NODE, FaultKind.DRAIN, FaultKind.PREEMPT)
+            node_faults = (FaultKind.KILL_NODE, FaultKind.DRAIN, FaultKind.PREEMPT, FaultKind.PARTITION)
             if fault.kind in node_faults and self.topology.nodes < 2:
                 raise ValueError(f"{fault.kind.value} needs topology.nodes >= 2 (the work must go somewhere)")
             if fault.kind is FaultKind.PREEMPT and self.topology.drain_on_term_s is None:
@@ -169,6 +175,11 @@ class ChaosScenario(Scenario):
             if fault.kind is FaultKind.FILL_DISK and self.topology.workdir_tmpfs_mb is None:
                 raise ValueError("fill_disk needs topology.workdir_tmpfs_mb")
         return self
+
+    @property
+    def partitionable(self) -> bool:
+        """Each node reaches etcd through a proxy of its own, which a `partition` fault cuts."""
+        return any(fault.kind is FaultKind.PARTITION for fault in self.faults)
 
     @property
     def nan_injection(self) -> dict | None:

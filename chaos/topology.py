@@ -6,7 +6,8 @@ its own node name, state dir and device slots; the nodes share the work dir
 (one folder here, a shared filesystem in production). Every piece can be
 failed the way hardware fails: an erld SIGKILLed (and restarted, as systemd
 would) or frozen (SIGSTOP), a whole node killed (its erld and every process
-it started), an etcd member killed.
+it started), an etcd member killed, and, where each node reaches etcd through
+a proxy of its own, a node cut off from etcd (a partition).
 """
 
 from __future__ import annotations
@@ -62,20 +63,24 @@ class EtcdCluster:
         return ",".join(member.endpoint for member in self.members)
 
     def start(self, timeout_s: float = 60.0) -> None:
-        initial = ",".join(member.peer for member in self.members)
         for member in self.members:
-            member.data_dir.parent.mkdir(parents=True, exist_ok=True)
-            log = open(member.data_dir.parent / f"{member.name}.log", "ab")
-            member.process = subprocess.Popen(
-                etcd_command(member.data_dir, member.client_port, member.peer_port, member.name, initial),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self._launch(member)
         deadline = time.monotonic() + timeout_s
         while not asyncio.run(etcd_answers(self.endpoint)):
             assert time.monotonic() < deadline, "the etcd cluster did not come up"
             time.sleep(0.2)
+
+    def _launch(self, member: EtcdMember) -> None:
+        """Start a member; one that ran before rejoins with its data (etcd ignores the initial cluster then)."""
+        initial = ",".join(each.peer for each in self.members)
+        member.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        log = open(member.data_dir.parent / f"{member.name}.log", "ab")
+        member.process = subprocess.Popen(
+            etcd_command(member.data_dir, member.client_port, member.peer_port, member.name, initial),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def kill(self, index: int) -> None:
         process = self.members[index].process
@@ -83,9 +88,51 @@ class EtcdCluster:
             process.kill()
             process.wait(timeout=10)
 
+    def restart(self, index: int) -> None:
+        """Start a killed member again, as its machine coming back would."""
+        if self.members[index].process is None or self.members[index].process.poll() is not None:
+            self._launch(self.members[index])
+
     def stop(self) -> None:
         for index in range(len(self.members)):
             self.kill(index)
+
+
+class NodeLink:
+    """One node's way to etcd through its own proxy (``chaos.etcd_proxy``), which a partition cuts."""
+
+    def __init__(self, etcd: EtcdCluster, log_dir: Path):
+        self.pairs = [(free_port(), member.client_port) for member in etcd.members]
+        self.log_dir = log_dir
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return ",".join(f"http://{LOOPBACK}:{listen}" for listen, _ in self.pairs)
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "chaos.etcd_proxy", *(f"{listen}:{etcd}" for listen, etcd in self.pairs)],
+            cwd=REPO,
+            stdout=open(self.log_dir / "etcd-proxy.log", "ab"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while not asyncio.run(etcd_answers(self.endpoint)):
+            assert self.process.poll() is None and time.monotonic() < deadline, "the etcd proxy did not come up"
+            time.sleep(0.2)
+
+    def cut(self) -> None:
+        self.process.send_signal(signal.SIGUSR1)
+
+    def heal(self) -> None:
+        self.process.send_signal(signal.SIGUSR2)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
 
 
 @dataclass
@@ -108,6 +155,8 @@ class ErldNode:
     """On SIGTERM the erld drains its node within this many seconds (`erl daemon --drain-on-term`)."""
     slot_memory_gib: float | None = None
     """The memory one CPU slot may use (`erl daemon --slot-memory`); None: not known."""
+    link: NodeLink | None = None
+    """The node's own proxy to etcd, which a partition cuts (its ``etcd`` is then the proxy's endpoint)."""
     process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -294,21 +343,27 @@ class Topology:
         environment: dict[str, str] | None = None,
         pool: dict[str, int] | None = None,
         drain_on_term_s: float | None = None,
+        *,
+        partitionable: bool = False,
     ) -> Topology:
+        """``partitionable``: each node reaches etcd through a proxy of its own (``NodeLink``)."""
         etcd = EtcdCluster(root / "etcd", etcd_members)
-        made = [
-            ErldNode(
-                f"node-{i}",
-                root / f"node-{i}",
-                cpu_devices,
-                etcd.endpoint,
-                lease_ttl_s=lease_ttl_s,
-                environment=environment or {},
-                pool=pool,
-                drain_on_term_s=drain_on_term_s,
+        made = []
+        for i in range(nodes):
+            link = NodeLink(etcd, root / f"node-{i}") if partitionable else None
+            made.append(
+                ErldNode(
+                    f"node-{i}",
+                    root / f"node-{i}",
+                    cpu_devices,
+                    link.endpoint if link else etcd.endpoint,
+                    lease_ttl_s=lease_ttl_s,
+                    environment=environment or {},
+                    pool=pool,
+                    drain_on_term_s=drain_on_term_s,
+                    link=link,
+                )
             )
-            for i in range(nodes)
-        ]
         return cls(made, etcd)
 
     @property
@@ -342,6 +397,9 @@ class Topology:
         if self.etcd is not None:
             self.etcd.start()
         for node in self.nodes:
+            if node.link is not None:
+                node.link.start()
+        for node in self.nodes:
             node.start()
         for node in self.nodes:
             node.wait_ready()
@@ -349,7 +407,12 @@ class Topology:
 
     def __exit__(self, *exc_info) -> None:
         for node in self.nodes:
+            if node.link is not None:
+                node.link.heal()  # an erld cut off from etcd could not stop its processes cleanly
+        for node in self.nodes:
             node.stop()
+            if node.link is not None:
+                node.link.stop()
         if self.etcd is not None:
             self.etcd.stop()
         else:

@@ -157,8 +157,11 @@ class SnapshotWriter:
         self.staged.set()
         self.last_wait_s = 0.0
 
-    def save(self, state: TrainingState, step: int, last_rollout: int, spec_hash: str) -> None:
-        """Start a snapshot of ``state`` after rollout ``last_rollout``.
+    def save(
+        self, state: TrainingState, step: int, last_rollout: int, spec_hash: str, writer: dict | None = None
+    ) -> None:
+        """Start a snapshot of ``state`` after rollout ``last_rollout``. ``writer``: which process instance
+        writes it (its name and assignment generation), recorded in the manifest for the one-writer check.
 
         With ``async_save`` this returns at once: the copy and the write run in the
         background, and the caller must call ``wait_staged()`` before it next changes
@@ -172,6 +175,8 @@ class SnapshotWriter:
             return  # a replayed step whose snapshot was already committed
         live = _local_entries(state, step, last_rollout)
         fields = {"step": step, "last_rollout": last_rollout, "spec_hash": spec_hash}
+        if writer is not None:
+            fields["writer"] = writer
         self.staged = threading.Event()
         if self.async_save:
             self.pending = self.executor.submit(self._stage_and_write, live, path, fields)

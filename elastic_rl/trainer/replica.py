@@ -189,6 +189,11 @@ class TrainerReplica:
     def proc(self) -> str:
         return f"trainer-{self.replica}-{self.rank}"
 
+    @property
+    def writer(self) -> dict[str, Any]:
+        """Which process instance writes a snapshot: the chaos checker proves one writer per replica with it."""
+        return {"proc": self.proc, "generation": self.assignment.generation}
+
     # --- joining ---------------------------------------------------------------
 
     def write_initial_weights(self) -> None:
@@ -548,7 +553,7 @@ class TrainerReplica:
     def save_snapshot(self, rollout_id: int) -> dict[str, float]:
         """Start the snapshot of the state after ``rollout_id``; what it cost the loop."""
         stall_started = time.monotonic()
-        self.snapshots.save(self.state, self.scheduler.last_epoch, rollout_id, self.spec_hash)
+        self.snapshots.save(self.state, self.scheduler.last_epoch, rollout_id, self.spec_hash, self.writer)
         return {
             "train/snapshot_call_time": time.monotonic() - stall_started,
             "train/snapshot_wait_previous_time": self.snapshots.last_wait_s,
@@ -577,7 +582,7 @@ class TrainerReplica:
         """`erl stop`: the final snapshot, of the state after the last rollout applied."""
         if self.leader and self.trained_any:
             self.assignment.exit_if_superseded_blocking()
-            self.snapshots.save(self.state, self.scheduler.last_epoch, rollout_id - 1, self.spec_hash)
+            self.snapshots.save(self.state, self.scheduler.last_epoch, rollout_id - 1, self.spec_hash, self.writer)
 
     # --- snapshots' outcomes ------------------------------------------------------
 

@@ -33,7 +33,7 @@ def test_the_engine_hang_scenario_passes_with_its_report(tmp_path):
     assert ran.returncode == 0, ran.stdout + ran.stderr
     report = orjson.loads((out / "report.json").read_bytes())
     assert report["passed"] and all(check["held"] for check in report["invariants"])
-    assert len(report["invariants"]) == 10
+    assert len(report["invariants"]) == 11
     (fault,) = report["faults"]
     assert fault["kind"] == "hang" and fault["target"] == "engine-0" and fault["samples_lost"] == 0
     assert fault["detection_s"] > 0  # measured; how long it took is the report's, not a pass/fail bound
