@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from elastic_rl.spec.base import Component
+from policies.straggler import StragglerRule
 
 
 class FaultToleranceSpec(Component):
@@ -58,3 +59,10 @@ class FaultToleranceSpec(Component):
     """Slow this many committed steps in a row, a replica is a straggler: it leaves, its devices are
     marked failed, and a warm spare or a free device takes its place (or the job goes on with one
     replica fewer, above its minimum). With nowhere to go it trains on, and says so."""
+
+    @property
+    def straggler_rule(self) -> StragglerRule | None:
+        """The straggler rule these fields make; None while straggler_factor is null."""
+        if self.straggler_factor is None:
+            return None
+        return StragglerRule(factor=self.straggler_factor, steps=self.straggler_steps)

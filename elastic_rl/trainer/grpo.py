@@ -50,7 +50,7 @@ from elastic_rl.trainer.grad_norm import grad_norm
 from elastic_rl.trainer.master_weights import MasterWeights
 from elastic_rl.trainer.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere
-from policies.straggler import StragglerRule, StragglerVerdict, judge, peer_ratios
+from policies.straggler import StragglerVerdict, judge, peer_ratios
 
 # Sums over the step's samples, all-reduced across replicas; samples_per_step proves the global batch was whole.
 METRIC_NAMES = (
@@ -495,10 +495,9 @@ class GrpoTrainer:
 
     def _watch_stragglers(self, times: dict[int, float]) -> StragglerVerdict:
         """A committed step's times: the runs of slow steps they extend or end (``policies.straggler``)."""
-        factor = self.spec.fault_tolerance.straggler_factor
-        if factor is None:
+        rule = self.spec.fault_tolerance.straggler_rule
+        if rule is None:
             return StragglerVerdict({}, frozenset(), peer_ratios(times))
-        rule = StragglerRule(factor=factor, steps=self.spec.fault_tolerance.straggler_steps)
         verdict = judge(times, self.straggler_streaks, rule)
         self.straggler_streaks = verdict.streaks
         return verdict

@@ -84,7 +84,7 @@ from elastic_rl.trainer.warm_spare import wait_for_place
 from elastic_rl.trainer.weight_broadcast import WeightBroadcaster
 from policies.devices import CrossReplicaGroup, Precision, cross_replica_group, precision_problem
 from policies.exits import EXIT_DRAINED, EXIT_STRAGGLED
-from policies.straggler import StragglerAction, StragglerRule, StragglerVerdict, due
+from policies.straggler import StragglerAction, StragglerVerdict, due
 
 log = logging.getLogger("elastic_rl.trainer")
 
@@ -510,11 +510,11 @@ class TrainerReplica:
         """After a committed step (and its rollout's publishing): a replica the straggler rule names, at a
         step where it is due to act, leaves for a replacement or says it cannot (``trainer.straggler_response``)."""
         verdict, self.straggling = self.straggling, None
-        factor = self.spec.fault_tolerance.straggler_factor
-        if verdict is None or factor is None or self.replica not in verdict.stragglers:
+        rule = self.spec.fault_tolerance.straggler_rule
+        if verdict is None or rule is None:
             return
-        streak = verdict.streaks[self.replica]
-        if not due(streak, StragglerRule(factor=factor, steps=self.spec.fault_tolerance.straggler_steps)):
+        streak = verdict.streaks.get(self.replica, 0)
+        if not due(streak, rule):
             return
         action = respond_to_straggling(
             self.spec,

@@ -53,7 +53,15 @@ def test_another_erld_leads_within_a_ttl_and_a_second_of_the_leaders_partition(t
 @pytest.mark.timeout(420)
 def test_a_partitioned_nodes_old_processes_end_once_it_heals_and_it_joins_again(tmp_path):
     ttl_s = 4
-    topology = Topology.cluster(tmp_path / "machines", 3, 4, 3, ttl_s, pool=NO_POOL, partitionable=True)
+    topology = Topology.cluster(
+        tmp_path / "machines",
+        nodes=3,
+        cpu_devices=4,
+        etcd_members=3,
+        lease_ttl_s=ttl_s,
+        pool=NO_POOL,
+        partitionable=True,
+    )
     cut: dict = {}
 
     def partition_replica_1s_node() -> None:
