@@ -74,7 +74,7 @@ from elastic_rl.store.embedded import EmbeddedEtcd
 from elastic_rl.store.job_phase import ACTIVE_PHASES, TERMINAL_PHASES
 from elastic_rl.store.mirror import Mirror
 from policies.devices import DeviceKind
-from policies.lease_loss import LeaseStanding, NodeAction, node_action
+from policies.lease_loss import LeaseStanding, NodeAction, may_decide, node_action
 
 log = logging.getLogger("erld")
 
@@ -150,6 +150,8 @@ class Erld:
         self.renewed = 0.0
         self.rejoining = False
         """The lease was found gone and the node name is not held again yet: fenced until it is."""
+        self.last_fenced: float | None = None
+        """When a pass last found the node fenced (monotonic); None: never."""
         self.leading = False
         self.stopping = asyncio.Event()
         self.drain_requested: float | None = None
@@ -426,6 +428,7 @@ class Erld:
         """Read the cluster, decide as the leader if this erld leads, run this node's processes; fenced (a
         lease that may have run out), only tell systemd that the loop lives."""
         if node_action(self.lease_standing()) is NodeAction.FENCE:
+            self.last_fenced = time.monotonic()
             self.notifier.watchdog()
             self.notifier.status(f"fenced: etcd has not confirmed the node lease; {self.summary()}")
             return
@@ -434,7 +437,8 @@ class Erld:
             await self.follow_what_this_node_needs(leading)
             cluster = self.read_cluster()
             await self.drain_before_stopping(cluster)
-            if leading:
+            since_fenced = None if self.last_fenced is None else time.monotonic() - self.last_fenced
+            if leading and may_decide(since_fenced, self.config.lease_ttl_s):
                 await self.controller.tick(cluster)
                 await self.controller.index_placements(self.read_cluster())
             await self.agent_pass(cluster)

@@ -11,6 +11,10 @@ starts, stops and restarts nothing, and each process commits nothing it cannot c
   ended where the controller moved its work on meanwhile (a partition: the others' controller saw
   the node go and placed its work elsewhere).
 
+An outage of etcd itself may let every node's lease run out at once. The erld that leads once etcd
+answers again must then not take the other nodes' absence for their death before they have had the
+time to join again (``may_decide``): it waits one lease TTL after its own fence ends.
+
 Pure: what erld knows of its lease in, an action out; an assignment and a process in, its fate out.
 """
 
@@ -59,3 +63,11 @@ def fate(node: str, generation: int, assignment: dict[str, Any] | None) -> Fate:
     if assignment is not None and assignment["node"] == node and assignment["generation"] == generation:
         return Fate.KEEP
     return Fate.END
+
+
+def may_decide(since_fenced_s: float | None, lease_ttl_s: float) -> bool:
+    """Whether the leading erld's controller may act on the cluster it reads, ``since_fenced_s`` after this
+    erld's last fenced pass (None: none). Within one TTL of it, a node missing from the cluster may be one
+    whose lease ran out in the same outage and whose erld is about to join again, keeping its processes;
+    after it, a missing node is gone (dead, or cut off alone) and its work moves."""
+    return since_fenced_s is None or since_fenced_s >= lease_ttl_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.lease_loss import Fate, LeaseStanding, NodeAction, fate, node_action
+from policies.lease_loss import Fate, LeaseStanding, NodeAction, fate, may_decide, node_action
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
@@ -38,3 +38,9 @@ def test_a_partitioned_node_rejoining_ends_what_the_others_replaced_and_keeps_th
     assert fate("node-a", 3, assignment(generation=5)) is Fate.END
     assert fate("node-a", 3, None) is Fate.END
     assert fate("node-a", 3, assignment()) is Fate.KEEP
+
+
+def test_after_its_own_fence_the_leader_waits_a_ttl_for_the_others_to_join_again():
+    assert may_decide(None, lease_ttl_s=10)  # never fenced: a missing node is gone
+    assert not may_decide(3.0, lease_ttl_s=10)  # an outage just ended: the others may be rejoining
+    assert may_decide(10.0, lease_ttl_s=10)
