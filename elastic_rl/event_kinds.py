@@ -73,6 +73,11 @@ class EventKind(StrEnum):
         "A rollout is non-finite on every replica: it is skipped after rollback.",
     )
     DEVICE_QUARANTINED = "device_quarantined", "A device kept producing non-finite values: it is marked failed."
+    ENGINE_STRAGGLING = (
+        "engine_straggling",
+        "An engine generated well below its peers' pace: new requests go to each engine in proportion to its "
+        "pace until it catches up (it is never restarted for being slow).",
+    )
     REPLICA_STRAGGLING = (
         "replica_straggling",
         "A trainer replica was slower than its peers for several steps in a row: it leaves for a replacement, "

@@ -63,6 +63,17 @@ METRICS = (
     Metric("rollout/resumed_tokens", Unit.COUNT, "Tokens of in-flight generations kept from the log after a restart."),
     Metric("rollout/inflight_persist_time", Unit.SECONDS, "Time spent writing the in-flight generation log."),
     Metric("rollout/direct_requests", Unit.COUNT, "Requests sent straight to engines while the router was down."),
+    Metric(
+        "rollout/paced_requests",
+        Unit.COUNT,
+        "Requests sent to an engine chosen by its pace, not the router, while one engine was slow.",
+    ),
+    Metric(
+        "rollout/engine_pace_ratio",
+        Unit.VALUE,
+        "The slowest engine's pace (tokens per second per running request) over its peers' median, at the "
+        "rollout's end (1 with one engine or none measured).",
+    ),
     Metric("rollout/weight_version", Unit.VALUE, "The weight version the engines served for the rollout."),
     Metric("rollout/weights_from_memory", Unit.FRACTION, "Engine weight loads taken from shared memory."),
     Metric("rollout/time", Unit.SECONDS, "Generation and scoring of the rollout."),

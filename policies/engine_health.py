@@ -33,6 +33,8 @@ class EngineLoad:
     """Requests running or queued."""
     generated_tokens: int = 0
     """Tokens generated since the engine started (the token part of ``progress``)."""
+    running_requests: float = 0.0
+    """Requests in the running batch at the read (queued ones not counted)."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,11 @@ asked at most once a ``ROUTER_PROBE_S``; once it answers again with engines regi
 restarts it and registers the serving engines with it), requests go through it again. The engine
 list follows the same rule. Without a direct client (no etcd: a job run outside erld) every call
 goes to the router.
+
+With a ``PaceMeter`` (``engines.pace``), while one engine generates well below
+its peers' pace, each new stream goes to the engine the meter picks by its
+share instead of the router's even choice; one that fails there before any of
+it arrived goes through the router after all.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from elastic_rl.engines.direct import DirectEngineClient
+from elastic_rl.engines.pace import PaceMeter
 from elastic_rl.engines.router import RouterClient, abort_everywhere
 from elastic_rl.engines.streaming import Received
 from elastic_rl.errors import EngineError, EngineRejected
@@ -32,9 +38,10 @@ PROBE_TIMEOUT_S = 1.0
 
 
 class EngineAccess:
-    def __init__(self, router: RouterClient, direct: DirectEngineClient | None = None):
+    def __init__(self, router: RouterClient, direct: DirectEngineClient | None = None, pacing: PaceMeter | None = None):
         self.router = router
         self.direct = direct
+        self.pacing = pacing
         self._probe = RouterClient(router.base_url, timeout_s=PROBE_TIMEOUT_S, attempts=1, secret=router.secret)
         self._router_down = False
         self._last_probe = 0.0
@@ -56,6 +63,18 @@ class EngineAccess:
         that breaks after a token arrived is not sent again here (that would start it over): the
         EngineError reaches the caller, who continues it from what arrived; the next call goes straight to
         the engines if the router turned out to be down."""
+        engine = self.pacing.pick() if self.pacing is not None else None
+        if engine is not None:
+            try:
+                return await self.router.client_for(engine).generate_stream(
+                    input_ids, sampling_params, received, silence_s
+                )
+            except EngineRejected:
+                raise
+            except EngineError as exc:
+                if received.output_ids:
+                    raise
+                log.warning("engine %s did not answer a paced request: through the router instead (%s)", engine, exc)
         return await self._router_or_direct(
             lambda: self.router.generate_stream(input_ids, sampling_params, received, silence_s),
             lambda: self.direct.generate_stream(input_ids, sampling_params, received, silence_s),

@@ -67,6 +67,10 @@ class EngineClient:
         self.attempts = attempts
         self._session = session
 
+    def client_for(self, base_url: str) -> EngineClient:
+        """A client of the engine at ``base_url`` that shares this one's session and secret, one attempt a call."""
+        return EngineClient(base_url, self.timeout_s, attempts=1, session=self._session, secret=self.secret)
+
     async def __aenter__(self) -> EngineClient:
         self._session = open_session()
         return self

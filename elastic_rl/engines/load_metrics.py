@@ -45,4 +45,5 @@ def parse(text: str) -> EngineLoad:
         progress=int(totals[GENERATED_TOKENS] + totals[FINISHED_REQUESTS]),
         holding_work=totals[RUNNING_REQUESTS] + totals[QUEUED_REQUESTS] > 0,
         generated_tokens=int(totals[GENERATED_TOKENS]),
+        running_requests=totals[RUNNING_REQUESTS],
     )

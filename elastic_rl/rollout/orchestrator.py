@@ -42,6 +42,7 @@ from elastic_rl.atomic import write_file_atomic
 from elastic_rl.engines.access import EngineAccess
 from elastic_rl.engines.client import DEFAULT_TIMEOUT_S, EngineClient
 from elastic_rl.engines.direct import DirectEngineClient, engines_in_etcd
+from elastic_rl.engines.pace import PaceMeter
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
 from elastic_rl.event_kinds import EventKind
@@ -58,7 +59,9 @@ from elastic_rl.rollout.rollout_function import RolloutFunction
 from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GroupSampler
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
+from elastic_rl.store.client import StoreUnavailable
 from policies.determinism import LOGPROB_GAP_BOUND, ON_POLICY_GAP, logprob_gap_exceeded, versions_out_of_bounds
+from policies.engine_pace import PaceVerdict
 from policies.exits import EXIT_DRAINED, EXIT_GAVE_UP
 
 log = logging.getLogger("elastic_rl.orchestrator")
@@ -394,7 +397,8 @@ class Orchestrator:
         eval_started = time.monotonic()
         evaluated = await self.evaluator.run(rollout_id) if self.evaluator.due(rollout_id) else {}
         eval_time = time.monotonic() - eval_started
-        async with self.persisting_inflight():
+        paced_before = self.engines.pacing.paced_requests if self.engines.pacing else 0
+        async with self.persisting_inflight(), self.pacing_engines():
             batch, filled = await self.fill(rollout_id)
         metrics = {**filled.metrics, **evaluated}
         metrics["rollout/weight_version"] = float(self.engine_version)
@@ -409,6 +413,9 @@ class Orchestrator:
         metrics["rollout/eval_time"] = eval_time
         # Requests sent straight to the engines while the router was down (engines.access).
         metrics["rollout/direct_requests"] = float(self.engines.direct_requests - self.direct_requests_before)
+        if self.engines.pacing is not None:
+            metrics["rollout/paced_requests"] = float(self.engines.pacing.paced_requests - paced_before)
+            metrics["rollout/engine_pace_ratio"] = self.engines.pacing.verdict.slowest
         meta = {
             **self.sampler.state_dict(),
             "metrics": metrics,
@@ -446,6 +453,32 @@ class Orchestrator:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    def pacing_engines(self) -> contextlib.AbstractAsyncContextManager:
+        """Measure the engines' paces while the block runs (``engines.pace``): while one is slow, new requests
+        go to each engine by its pace."""
+        pacing = self.engines.pacing
+        if pacing is None:
+            return contextlib.nullcontext()
+        return pacing.measuring(
+            self.engines.worker_urls,
+            lambda url, timeout_s: self.engines.router.client_for(url).load(timeout_s),
+            self.pace_changed,
+        )
+
+    async def pace_changed(self, before: PaceVerdict, after: PaceVerdict) -> None:
+        """Report each engine that turned slow; say when none is any longer."""
+        factor = self.spec.engines.straggler_factor
+        newly = [url for url in after.slow(factor) if url not in before.slow(factor)]
+        for url in newly:
+            ratio, share = after.ratios[url], after.shares[url]
+            message = f"engine {url} generates at {ratio:.2f}x its peers' pace: it gets {share:.0%} of new requests"
+            try:
+                await self.progress.event(EventKind.ENGINE_STRAGGLING, message, engine=url, ratio=ratio, share=share)
+            except StoreUnavailable as exc:  # in events.jsonl already; generation goes on without etcd
+                log.warning("event engine_straggling not recorded in etcd (%s)", exc)
+        if not after.slow(factor):
+            log.info("no engine is slower than its peers any longer: requests are shared evenly again")
 
     async def run(self) -> None:
         spec, debug = self.spec.rollout, self.spec.debug
@@ -526,7 +559,9 @@ async def amain() -> None:
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
             orchestrator = None
             try:
-                orchestrator = Orchestrator(env, EngineAccess(router, direct), progress, assignment)
+                factor = env.spec.engines.straggler_factor
+                pacing = None if factor is None else PaceMeter(factor)
+                orchestrator = Orchestrator(env, EngineAccess(router, direct, pacing), progress, assignment)
                 log.info("orchestrator of job %s ready", env.job)
                 await orchestrator.run()
             except asyncio.CancelledError:

@@ -55,6 +55,11 @@ class EnginesSpec(Component):
     nor advanced its progress counter while holding work; one that answers late but generates is
     only loaded, and is left alone. Default 30 s for cpu engines, 300 s for sglang: long enough
     for a weight load, during which an engine holds its requests."""
+    straggler_factor: float | None = Field(2.0, gt=1.0)
+    """An engine whose peers generate at least this many times its pace (tokens per second per running
+    request) is slow: while one is, the orchestrator sends each engine new requests in proportion to its
+    pace, rather than the router's even share, so a slow engine is not left with a peer's queue. It is
+    never restarted for it. null: requests are always shared evenly (``policies.engine_pace``)."""
     weight_sync: Literal["disk", "distributed", "memory"] = "disk"
     """How engines get each new weight version. disk: they load weights/<version>, which the
     trainer writes. distributed (SGLang engines in sync mode): first the trainer's rank 0 broadcasts

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
+import time
+from contextlib import contextmanager
 
 import pytest
 
+from elastic_rl.engines.access import EngineAccess
 from elastic_rl.engines.client import EngineClient
+from elastic_rl.engines.pace import PaceMeter
 from elastic_rl.engines.router import RouterClient
+from elastic_rl.engines.streaming import Received
 from tests.processes import cpu_engines, router
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -104,3 +111,70 @@ def test_remove_and_add_worker(stack):
     assert after_remove == {kept.url}
     assert all(r["output_ids"] for r in results)
     assert after_add == {gone.url, kept.url}
+
+
+@contextmanager
+def slowed(engine, stopped_s: float = 0.15, period_s: float = 0.2):
+    """The engine stopped (SIGSTOP) ``stopped_s`` of every ``period_s``: about a quarter of its speed."""
+    done = threading.Event()
+
+    def cycle() -> None:
+        while not done.is_set():
+            engine.kill(signal.SIGSTOP)
+            time.sleep(stopped_s)
+            engine.kill(signal.SIGCONT)
+            time.sleep(period_s - stopped_s)
+
+    thread = threading.Thread(target=cycle, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        engine.kill(signal.SIGCONT)
+
+
+async def finished_requests(engine) -> int:
+    load = await EngineClient(engine.url).load()
+    return load.progress - load.generated_tokens
+
+
+def test_a_slow_engine_gets_fewer_requests_and_is_not_restarted(stack):
+    """One engine at a quarter speed behind the real router: once measured, it gets new requests in
+    proportion to its pace, every request still completes, and it is never restarted."""
+    client, engines = stack
+    fast, slow = engines
+    params = {"max_new_tokens": 200, "ignore_eos": True, "temperature": 1.0}
+    changes = []
+
+    async def changed(before, after):
+        changes.append(after)
+
+    async def scenario():
+        async with RouterClient(client.base_url) as router_client:
+            meter = PaceMeter(2.0)
+            access = EngineAccess(router_client, None, meter)
+
+            async def one_round() -> list[dict]:
+                return await asyncio.gather(*(access.generate_stream(PROMPT, params, Received()) for _ in range(10)))
+
+            async with meter.measuring(
+                access.worker_urls, lambda url, t: router_client.client_for(url).load(t), changed
+            ):
+                for _ in range(10):  # until the slow engine has been measured
+                    await one_round()
+                    if meter.verdict.shares is not None:
+                        break
+                before = {engine.url: await finished_requests(engine) for engine in engines}
+                results = await one_round()
+                after = {engine.url: await finished_requests(engine) for engine in engines}
+        return meter, results, {url: after[url] - before[url] for url in after}
+
+    with slowed(slow):
+        meter, results, served = asyncio.run(scenario())
+    assert meter.verdict.slow(2.0) == [slow.url] and changes and changes[0].slow(2.0) == [slow.url]
+    assert all(len(result["output_ids"]) == params["max_new_tokens"] for result in results)
+    assert served[fast.url] + served[slow.url] == 10
+    assert served[slow.url] <= 3 < served[fast.url]
+    assert slow.process.poll() is None and fast.process.poll() is None
