@@ -94,6 +94,11 @@ METRICS = (
     Metric("train/entropy", Unit.VALUE, "Mean entropy of the policy over response tokens."),
     Metric("train/tis_weight_mean", Unit.VALUE, "Mean truncated importance-sampling weight (algorithm.tis_cap)."),
     Metric("train/tis_clipped_fraction", Unit.FRACTION, "Tokens whose TIS weight is the cap."),
+    Metric(
+        "train/opsm_masked_fraction",
+        Unit.FRACTION,
+        "Response tokens off-policy sequence masking kept out of the policy gradient (algorithm.opsm).",
+    ),
     Metric("train/grad_norm", Unit.VALUE, "Gradient norm before clipping."),
     Metric("train/samples_per_step", Unit.COUNT, "Samples in each optimizer step."),
     Metric("train/participants", Unit.COUNT, "Replicas in the torchft quorum of each step."),

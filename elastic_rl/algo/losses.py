@@ -1,7 +1,8 @@
 """Per-token policy losses and their aggregation over the global batch.
 
 Small functions over shared pieces: the clipped surrogate on a ratio, the ratio per token (PPO)
-or per sequence (GSPO), truncated importance weights (TIS), and ``aggregate``, which turns
+or per sequence (GSPO), truncated importance weights (TIS), off-policy sequence masking (OPSM), and
+``aggregate``, which turns
 per-token values into the step's loss. Each aggregation divides by a count of the *global*
 batch (its tokens or its samples), so gradients summed across shards and replicas equal the
 gradient of the whole batch's loss, whatever the split.
@@ -60,6 +61,20 @@ def tis_weights(old_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -
     capped at ``cap``. It corrects for the engine having sampled from a slightly different
     policy (another precision, or older weights in async mode); no gradient flows through it."""
     return (old_logp - engine_logp).exp().clamp(max=cap).detach()
+
+
+def off_policy_sequence_mask(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, delta: float
+) -> torch.Tensor:
+    """Off-policy sequence masking (OPSM), per token: 1 where a token is masked out of the policy gradient.
+
+    A token is masked when its advantage is negative and its sequence has drifted from the old policy by
+    more than ``delta``: the mean over the sequence's response tokens of (old_logp - logp). Pushing down a
+    sequence the policy has already moved away from teaches little and destabilises, so those tokens are
+    dropped; a sequence with a positive advantage is always kept. No gradient flows through the mask."""
+    lengths = mask.sum(dim=1, keepdim=True).clamp(min=1)
+    drift = ((old_logp - logp.detach()) * mask).sum(dim=1, keepdim=True) / lengths
+    return ((advantages < 0) & (drift > delta)).float() * mask
 
 
 def ppo_kl(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:

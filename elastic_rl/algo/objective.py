@@ -2,9 +2,9 @@
 
 The trainer hands over log probs (its own now, its own before the rollout's first step, the
 engine's, the reference's) and advantages; this chooses the ratio (per token, or per sequence
-for GSPO), applies TIS when asked, and adds the entropy bonus and the KL term (unless the KL
-is already in the reward). For SFT the loss is the negative log-likelihood of each response
-token. Pure: the trainer owns the model, the batch and the all-reduce.
+for GSPO), masks off-policy sequences (OPSM) and applies TIS when asked, and adds the entropy
+bonus and the KL term (unless the KL is already in the reward). For SFT the loss is the negative
+log-likelihood of each response token. Pure: the trainer owns the model, the batch and the all-reduce.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from dataclasses import dataclass
 import torch
 
 from elastic_rl.algo.kl import KL_ESTIMATORS
-from elastic_rl.algo.losses import gspo_clipped_loss, policy_token_loss, ppo_clipped_loss, tis_weights
+from elastic_rl.algo.losses import (
+    gspo_clipped_loss,
+    off_policy_sequence_mask,
+    policy_token_loss,
+    ppo_clipped_loss,
+    tis_weights,
+)
 from elastic_rl.spec.algorithm import AdvantageEstimator, AlgorithmKind, AlgorithmSpec
 
 
@@ -29,6 +35,8 @@ class TokenLosses:
     """KL to the reference per token (reported; in the loss only when it is not in the reward)."""
     tis_weight: torch.Tensor | None
     """The truncated importance weight per token, when TIS is on (reported)."""
+    opsm_masked: torch.Tensor | None = None
+    """1 at each token OPSM kept out of the policy gradient, when it is on (reported)."""
 
 
 def token_losses(
@@ -48,6 +56,10 @@ def token_losses(
         pg, clipped = gspo_clipped_loss(logp, old_logp, advantages, mask, algorithm.eps_clip, algorithm.eps_clip_high)
     else:
         pg, clipped = ppo_clipped_loss(logp, old_logp, advantages, algorithm.eps_clip, algorithm.eps_clip_high)
+    opsm_masked = None
+    if algorithm.opsm:
+        opsm_masked = off_policy_sequence_mask(logp, old_logp, advantages, mask, algorithm.opsm_delta)
+        pg = pg * (1 - opsm_masked)
     tis_weight = None
     if algorithm.tis_cap is not None:
         tis_weight = tis_weights(old_logp, engine_logp, algorithm.tis_cap)
@@ -55,4 +67,4 @@ def token_losses(
     kl = None if ref_logp is None else KL_ESTIMATORS[algorithm.kl_estimator](logp, ref_logp)
     kl_term = None if algorithm.kl_in_reward else kl
     loss = policy_token_loss(pg, entropy, kl_term, algorithm.entropy_coef, algorithm.kl_coef)
-    return TokenLosses(loss, pg, clipped, kl, tis_weight)
+    return TokenLosses(loss, pg, clipped, kl, tis_weight, opsm_masked)

@@ -44,7 +44,7 @@ class LossAggregation(str, Enum):
 
 
 class AlgorithmSpec(Component):
-    """The objective: RL (an advantage estimator, asymmetric PPO clipping, optional TIS, KL and
+    """The objective: RL (an advantage estimator, asymmetric PPO clipping, optional TIS, OPSM, KL and
     entropy terms) or SFT."""
 
     kind: AlgorithmKind = AlgorithmKind.RL
@@ -85,6 +85,13 @@ class AlgorithmSpec(Component):
     sample). Where the engines compute as the trainer does (fp32 on CPU slots, sync mode) the two agree
     to float rounding; elsewhere the old policy becomes the one that sampled. Not with tis_cap, whose
     weight would always be 1."""
+    opsm: bool = False
+    """Off-policy sequence masking (slime's --use-opsm): a token with a negative advantage, in a sequence
+    whose mean log prob has fallen by more than opsm_delta since the old policy (its response tokens' mean
+    of old minus current), contributes no policy gradient. Works with every estimator, TIS and
+    aggregation; the masked share is train/opsm_masked_fraction."""
+    opsm_delta: PositiveFloat = 1e-4
+    """OPSM's threshold on a sequence's mean log-prob drift (slime's --opsm-delta default)."""
     reference: str = "initial"
     """The KL reference policy: `initial` (the policy's starting weights) or the path of an HF
     checkpoint of the same architecture."""
@@ -102,6 +109,12 @@ class AlgorithmSpec(Component):
     def _sft_has_no_reference(self) -> AlgorithmSpec:
         if self.kind is AlgorithmKind.SFT and self.kl_coef > 0:
             raise ValueError("kind sft trains on the data alone: set kl_coef to 0 (SFT has no reference policy)")
+        return self
+
+    @model_validator(mode="after")
+    def _sft_has_no_sequences_to_mask(self) -> AlgorithmSpec:
+        if self.kind is AlgorithmKind.SFT and self.opsm:
+            raise ValueError("opsm masks policy-gradient tokens, which kind sft has none of: drop opsm")
         return self
 
     @model_validator(mode="after")

@@ -63,11 +63,14 @@ METRIC_NAMES = (
     "samples_per_step",
     "tis_weight_mean",
     "tis_clipped_fraction",
+    "opsm_masked_fraction",
 )
 # Reported only with algorithm.tis_cap: the mean TIS weight, and the share of tokens whose weight is the cap.
 TIS_ONLY = ("tis_weight_mean", "tis_clipped_fraction")
+# Reported only with algorithm.opsm: the share of tokens it kept out of the policy gradient.
+OPSM_ONLY = ("opsm_masked_fraction",)
 # Meaningless for SFT, which has no old policy, clipping or reference; its loss is the NLL.
-POLICY_GRADIENT_ONLY = ("pg_loss", "ppo_kl", "first_step_ppo_kl", "clipfrac", "kl", *TIS_ONLY)
+POLICY_GRADIENT_ONLY = ("pg_loss", "ppo_kl", "first_step_ppo_kl", "clipfrac", "kl", *TIS_ONLY, *OPSM_ONLY)
 
 
 @dataclass(frozen=True)
@@ -377,6 +380,7 @@ class GrpoTrainer:
                         0.0
                         if tis is None
                         else reduce_global((tis >= spec.algorithm.tis_cap).float(), m, global_tokens).item(),
+                        0.0 if terms.opsm_masked is None else reduce_global(terms.opsm_masked, m, global_tokens).item(),
                     ]
                 )
             )
@@ -570,6 +574,8 @@ class GrpoTrainer:
             means = {name: value for name, value in means.items() if name not in POLICY_GRADIENT_ONLY}
         if algorithm.tis_cap is None:
             means = {name: value for name, value in means.items() if name not in TIS_ONLY}
+        if not algorithm.opsm:
+            means = {name: value for name, value in means.items() if name not in OPSM_ONLY}
         result = {f"train/{name}": value for name, value in means.items()}
         if ctx.logprob_gap is not None:
             result["train/logprob_abs_diff_max"] = ctx.logprob_gap.every

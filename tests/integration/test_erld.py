@@ -35,7 +35,7 @@ SHORT_JOB = [
     "metrics.wandb_offline=true",
 ]
 # The other advantage estimators, as jobs beside it on the same erld: GSPO with per-sequence loss
-# aggregation, and REINFORCE++ with TIS and its KL in the reward.
+# aggregation, and REINFORCE++ with TIS, off-policy sequence masking and its KL in the reward.
 OTHER_ESTIMATORS = {
     # GSPO also takes the engines' log probs as the old policy's: no old-policy pass of the trainer's own.
     "tiny-gspo": [
@@ -48,6 +48,7 @@ OTHER_ESTIMATORS = {
         "algorithm.tis_cap=2.0",
         "algorithm.kl_coef=0.001",
         "algorithm.kl_in_reward=true",
+        "algorithm.opsm=true",
     ],
 }
 
@@ -81,6 +82,9 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
     # Without its own pass the trainer measures its gap to the engine on each rollout's first step: on CPU
     # slots both compute in fp32, so the engines' log probs stand for the trainer's.
     assert metrics(tmp_path / "tiny-gspo")[0]["train/logprob_abs_diff_max"] <= 1e-5
+    # OPSM acted (a rollout's later steps find sequences that drifted) and the job learned all the same.
+    masked = [line["train/opsm_masked_fraction"] for line in metrics(tmp_path / "tiny-reinforce")]
+    assert all(0.0 <= share <= 1.0 for share in masked) and max(masked) > 0, masked
 
     lines = metrics(workdir)
     assert [line["rollout"] for line in lines] == list(range(30))
