@@ -107,7 +107,7 @@ def plan(spec: JobSpec) -> MemoryPlan:
         precision_of(spec),
         tokens=tokens,
         sequence=sequence,
-        reference_model=spec.algorithm.kl_coef > 0,
+        frozen_models=spec.algorithm.frozen_models,
         held=activation_layout(trainer),
     )
     return MemoryPlan(layout, memory, tokens, sequence)

@@ -95,6 +95,11 @@ METRICS = (
     Metric("train/tis_weight_mean", Unit.VALUE, "Mean truncated importance-sampling weight (algorithm.tis_cap)."),
     Metric("train/tis_clipped_fraction", Unit.FRACTION, "Tokens whose TIS weight is the cap."),
     Metric(
+        "train/distillation_reverse_kl",
+        Unit.VALUE,
+        "Mean over response tokens of the student's log prob minus the teacher's (algorithm.distillation).",
+    ),
+    Metric(
         "train/opsm_masked_fraction",
         Unit.FRACTION,
         "Response tokens off-policy sequence masking kept out of the policy gradient (algorithm.opsm).",

@@ -153,8 +153,8 @@ class RankMemory:
     parameter_bytes: int
     gradient_bytes: int
     optimizer_bytes: int
-    reference_bytes: int
-    """The frozen reference model for the KL penalty, in the parameters' dtype; 0 without one."""
+    frozen_bytes: int
+    """The frozen models (the KL reference, a distillation teacher), in the parameters' dtype; 0 without."""
     activation_bytes: int
 
     @property
@@ -163,7 +163,7 @@ class RankMemory:
             self.parameter_bytes
             + self.gradient_bytes
             + self.optimizer_bytes
-            + self.reference_bytes
+            + self.frozen_bytes
             + self.activation_bytes
         )
 
@@ -258,12 +258,13 @@ def rank_memory(
     precision: Precision,
     tokens: int,
     sequence: int,
-    reference_model: bool,
+    frozen_models: int,
     held: ActivationLayout = ActivationLayout(),
 ) -> RankMemory:
     """What the fullest rank of a replica in ``layout`` holds: its stage's parameters, their gradients
-    and optimizer state (sharded over data-parallel ranks if the precision says so), the reference
-    model's copy, and its micro-batches' activations, held as ``held`` says."""
+    and optimizer state (sharded over data-parallel ranks if the precision says so), the copies of the
+    ``frozen_models`` held for their log probs alone (a KL reference, a distillation teacher: the policy's
+    architecture), and its micro-batches' activations, held as ``held`` says."""
     optimizer_share = layout.data_parallel if precision.optimizer_sharded else 1
     ranks = [
         RankMemory(
@@ -271,7 +272,7 @@ def rank_memory(
             parameter_bytes=parameters * precision.parameter_bytes,
             gradient_bytes=parameters * precision.gradient_bytes,
             optimizer_bytes=-(-parameters * precision.optimizer_bytes // optimizer_share),
-            reference_bytes=parameters * precision.parameter_bytes if reference_model else 0,
+            frozen_bytes=frozen_models * parameters * precision.parameter_bytes,
             activation_bytes=activation_bytes(shape, layout, precision, tokens, sequence, stage, held),
         )
         for stage, parameters in enumerate(stage_parameters(shape, layout))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from elastic_rl.rollout.rewards import toy_copy
+
 
 def fake_digit_share(prompt: str, response: str, label: str) -> float:
     """A fake reward: the share of the response's characters that are digits. It differs between
@@ -34,3 +36,12 @@ async def copied_by_key_raising_on_sevens(item) -> dict:
 def exits_the_process(prompt: str, response: str, label: str) -> float:
     """A fake crash: the orchestrator process dies as from a segfault in native code, every time."""
     os._exit(3)
+
+
+def group_copy_rate(items) -> list[float]:
+    """The toy task's score with no signal between samples (a rollout.group_reward_function): every sample
+    of a group gets its group's mean toy_copy score. rollout/reward_mean is still the task's score, while
+    every GRPO advantage is 0: a job learns the task only from what else shapes its advantages (a
+    distillation teacher)."""
+    share = sum(toy_copy(item.prompt.text, item.response, item.prompt.label) for item in items) / len(items)
+    return [share] * len(items)

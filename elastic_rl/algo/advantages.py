@@ -1,5 +1,6 @@
 """Per-token advantages for each estimator: GRPO and GSPO (group-normalised), REINFORCE++ and its
-group-baseline variant (returns whitened over the rollout batch).
+group-baseline variant (returns whitened over the rollout batch), and on-policy distillation's term
+on top of any of them.
 
 Every function here sees the whole rollout batch, which every replica holds, so each replica
 computes the same advantages whatever share of the batch it then trains on.
@@ -12,6 +13,15 @@ import torch
 from elastic_rl.spec.algorithm import AdvantageEstimator
 
 EPSILON = 1e-6
+
+
+def distilled(
+    advantages: torch.Tensor, student_logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Tensor, coef: float
+) -> torch.Tensor:
+    """On-policy distillation (slime's OPD): each response token's advantage lowered by ``coef`` times the
+    reverse KL to the teacher at that token, the student's log prob minus the teacher's. A token the teacher
+    finds likelier than the student gains; one it finds unlikely loses."""
+    return advantages - coef * (student_logp - teacher_logp) * mask
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ FOLLOW_INTERVAL_S = 0.5
 
 def _checked_spec(args: argparse.Namespace) -> JobSpec:
     """The spec, validated, with its data files (and a debug.train_only rollout log) read the way the
-    run will read them."""
+    run will read them, and a distillation teacher checked against the policy."""
     spec = load_spec(args.spec, args.overrides)
     if spec.data.path is not None or spec.eval.datasets or spec.debug.train_only is not None:
         from elastic_rl.rollout.prompts import check_data  # reads the tokenizer: transformers
@@ -34,6 +34,10 @@ def _checked_spec(args: argparse.Namespace) -> JobSpec:
         report = check_data(spec)
         if report is not None:
             print(report.summary(), file=sys.stderr)
+    if spec.algorithm.distillation is not None:
+        from elastic_rl.model.teacher import check_teacher  # reads both tokenizers: transformers
+
+        check_teacher(spec)
     return spec
 
 
@@ -76,7 +80,8 @@ def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
         f"  weights         {size(memory.parameter_bytes)}",
         f"  gradients       {size(memory.gradient_bytes)}",
         f"  optimizer       {size(memory.optimizer_bytes)}  ({optimizer_state}: this rank's share)",
-        f"  reference model {size(memory.reference_bytes)}  (algorithm.kl_coef > 0 keeps one)",
+        f"  frozen models   {size(memory.frozen_bytes)}  (the KL reference with algorithm.kl_coef > 0, "
+        f"a distillation teacher)",
         f"  activations     {size(memory.activation_bytes)}  (estimate: a micro-batch of {planned.tokens:,} "
         f"{'tokens packed' if trainer.packing else 'token slots'}, samples up to {planned.sequence:,} tokens: "
         f"{bound}; attention {trainer.attention.value}, recompute {trainer.recompute.value})",

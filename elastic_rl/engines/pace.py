@@ -6,8 +6,9 @@ sent at once, so one slow engine would hold the whole rollout to its pace. The
 orchestrator therefore reads every engine's load each ``POLL_S`` while it
 generates: the tokens it has generated and the requests it is running (the
 series SGLang and the cpu engine both serve). Between two reads an engine
-generated so many tokens over so many request-seconds; its pace is the sum of
-its last ``SAMPLES`` such intervals (tokens per second per running request).
+generated so many tokens over so many request-seconds; its pace is the tokens
+over the request-seconds of its last ``SAMPLES`` such intervals (tokens per
+second per running request).
 
 While the policy says no engine is slow, ``pick`` answers None and every
 request goes through the router as usual. While one is, ``pick`` names the

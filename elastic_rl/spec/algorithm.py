@@ -43,6 +43,19 @@ class LossAggregation(str, Enum):
     every token of the rollout weighs the same, whichever step trains it (TRL's default, `dapo`)."""
 
 
+class DistillationSpec(Component):
+    """On-policy distillation from a teacher the trainer holds (slime's --use-opd --opd-type megatron)."""
+
+    teacher: Path
+    """An HF checkpoint of the policy's architecture and tokenizer (`erl validate` checks both): the trainer
+    holds it frozen, like the KL reference, and scores each rollout's responses with it."""
+    coef: PositiveFloat = 1.0
+    """Each response token's advantage is lowered by this times the reverse KL to the teacher at the token:
+    the student's log prob minus the teacher's (slime's --opd-kl-coef)."""
+
+    _teacher_exists = field_validator("teacher")(existing_checkpoint)
+
+
 class AlgorithmSpec(Component):
     """The objective: RL (an advantage estimator, asymmetric PPO clipping, optional TIS, OPSM, KL and
     entropy terms) or SFT."""
@@ -92,6 +105,8 @@ class AlgorithmSpec(Component):
     aggregation; the masked share is train/opsm_masked_fraction."""
     opsm_delta: PositiveFloat = 1e-4
     """OPSM's threshold on a sequence's mean log-prob drift (slime's --opsm-delta default)."""
+    distillation: DistillationSpec | None = None
+    """On-policy distillation from a teacher checkpoint, on top of any estimator; unset turns it off."""
     reference: str = "initial"
     """The KL reference policy: `initial` (the policy's starting weights) or the path of an HF
     checkpoint of the same architecture."""
@@ -116,6 +131,17 @@ class AlgorithmSpec(Component):
         if self.kind is AlgorithmKind.SFT and self.opsm:
             raise ValueError("opsm masks policy-gradient tokens, which kind sft has none of: drop opsm")
         return self
+
+    @model_validator(mode="after")
+    def _sft_has_no_advantages_to_distil(self) -> AlgorithmSpec:
+        if self.kind is AlgorithmKind.SFT and self.distillation is not None:
+            raise ValueError("distillation changes advantages, which kind sft has none of: drop distillation")
+        return self
+
+    @property
+    def frozen_models(self) -> int:
+        """The models the trainer holds for their log probs alone: the KL reference, the teacher."""
+        return int(self.kl_coef > 0) + int(self.distillation is not None)
 
     @model_validator(mode="after")
     def _kl_in_reward_needs_a_coefficient(self) -> AlgorithmSpec:

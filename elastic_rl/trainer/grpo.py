@@ -30,7 +30,7 @@ from megatron.core import parallel_state
 from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
 from checkpoints.rollout_log import RolloutBatch
-from elastic_rl.algo.advantages import token_advantages
+from elastic_rl.algo.advantages import distilled, token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
@@ -169,10 +169,13 @@ class RolloutContext:
     """None for SFT, and until measured (by the first step, with algorithm.use_rollout_logprobs)."""
     ref_gap: float | None
     """Largest |reference - policy| log prob over the response tokens; 0 on rollout 0."""
+    distillation_kl: float | None = None
+    """With algorithm.distillation: the mean over response tokens of the student's log prob minus the
+    teacher's (the reverse KL the advantages paid)."""
     metrics: StepMetrics = field(default_factory=StepMetrics)
     started: float = field(default_factory=time.monotonic)
     prepare_time: float = 0.0
-    """Seconds ``prepare`` took: the rollout's old-policy and reference passes (for SFT, or with
+    """Seconds ``prepare`` took: the rollout's old-policy, reference and teacher passes (for SFT, or with
     algorithm.use_rollout_logprobs and no reference, little more than the batch's move to the device)."""
 
     def heal_state(self) -> dict[str, Any]:
@@ -205,6 +208,7 @@ class GrpoTrainer:
         replica: int,
         reference=None,
         before_optimizer_step=None,
+        teacher=None,
     ):
         self.spec = spec
         # Called before each optimizer step, which changes the state a snapshot may still be copying;
@@ -216,6 +220,8 @@ class GrpoTrainer:
         self.manager = manager
         self.replica = replica
         self.reference = reference
+        self.teacher = teacher
+        """With algorithm.distillation: the frozen teacher, scored like the reference."""
         # A rank's own experts first: their gradients are summed over other ranks than the rest's.
         trained = [p for p in model.parameters() if p.requires_grad]
         self.parameters = sorted(trained, key=lambda p: not is_split_over_experts(p))
@@ -321,7 +327,14 @@ class GrpoTrainer:
             algorithm.kl_coef,
             algorithm.advantage_std_epsilon,
         )
-        return RolloutContext(rollout_id, batch, mask, advantages, old_logp, ref_logp, gap, ref_gap)
+        distillation_kl = None
+        if self.teacher is not None:
+            teacher_logp = self._log_probs(self.teacher, batch)
+            advantages = distilled(advantages, old_logp, teacher_logp, mask, algorithm.distillation.coef)
+            distillation_kl = (((old_logp - teacher_logp) * mask).sum() / mask.sum().clamp(min=1)).item()
+        return RolloutContext(
+            rollout_id, batch, mask, advantages, old_logp, ref_logp, gap, ref_gap, distillation_kl=distillation_kl
+        )
 
     def _shard_loss(
         self,
@@ -583,6 +596,8 @@ class GrpoTrainer:
                 result["train/on_policy_logprob_abs_diff_max"] = ctx.logprob_gap.on_policy
         if ctx.ref_gap is not None:
             result["train/ref_logprob_abs_diff_max"] = ctx.ref_gap
+        if ctx.distillation_kl is not None:
+            result["train/distillation_reverse_kl"] = ctx.distillation_kl
         # The snapshot gate's cost is the rollout's total, not a per-step mean.
         result["train/snapshot_gate_time"] = sum(ctx.metrics.values.get("snapshot_gate_time", []))
         if self.expert_load is not None:

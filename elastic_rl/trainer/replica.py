@@ -141,8 +141,14 @@ class TrainerReplica:
         if spec.algorithm.kl_coef > 0:
             # Taken before any snapshot or heal: a restarted replica builds the same reference.
             self.reference = self.source.build_reference(self.model, spec.algorithm.reference, options, where)
-        if self.reference is not None and precision is Precision.BF16_PARAMS:
-            self.reference.bfloat16()  # as the policy computes once its optimizer casts it
+        self.teacher = None
+        if spec.algorithm.distillation is not None:
+            # Frozen like the reference, and likewise never snapshotted: every replica loads the same teacher.
+            teacher = str(spec.algorithm.distillation.teacher)
+            self.teacher = self.source.build_reference(self.model, teacher, options, where)
+        for frozen in (self.reference, self.teacher):
+            if frozen is not None and precision is Precision.BF16_PARAMS:
+                frozen.bfloat16()  # as the policy computes once its optimizer casts it
         self.optimizer = build_optimizer(self.model, spec.trainer)
         # This rank's part of the optimizer's state (all of it, unless sharded): what snapshots, heals and
         # offloads take.
@@ -156,7 +162,7 @@ class TrainerReplica:
         self.residency = None
         if spec.colocated:
             self.residency = Residency(
-                (self.model, self.reference),
+                (self.model, self.reference, self.teacher),
                 self.local_optimizer,
                 torch.device(where),
                 spec.fault_tolerance.handover_timeout_s,
@@ -270,6 +276,7 @@ class TrainerReplica:
             self.replica,
             self.reference,
             self.snapshots.wait_staged,
+            teacher=self.teacher,
         )
         install_from_environment(self.trainer, self.replica)  # the chaos harness's NaN fault, if it set one
         broadcaster = None

@@ -52,7 +52,7 @@ def long_sequence() -> dict:
         FP32_WHOLE,
         TOKENS,
         TOKENS,
-        reference_model=False,
+        frozen_models=0,
         held=ActivationLayout(fused_attention=True, logits_cap_bytes=LOGITS_BUDGET_BYTES),
     )
     return {

@@ -52,6 +52,16 @@ OTHER_ESTIMATORS = {
     ],
 }
 
+# The distillation student: the tiny job for a third of its rollouts, on one engine, at a constant learning
+# rate, with a reward that scores a group's samples alike (no signal for GRPO).
+STUDENT = [
+    "name=tiny-distil",
+    "rollout.num_rollouts=10",
+    "engines.count=1",
+    "trainer.lr_decay=constant",
+    "rollout.group_reward_function=tests.rewards:group_copy_rate",
+]
+
 
 def mean(values: list[float]) -> float:
     return sum(values) / len(values)
@@ -147,6 +157,20 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
     for engine_log in (workdir / "logs").glob("engine-*.log"):
         text = engine_log.read_text()
         assert "POST /generate" in text and "GET /health" not in text and "Traceback" not in text
+
+    # On-policy distillation from the job just trained, as the teacher of a student from the same start.
+    # The student's reward gives every sample of a group the same score, so GRPO teaches it nothing: what
+    # it learns of the task it learns from the teacher, as its reverse KL to the teacher falls.
+    teacher = max((p for p in (workdir / "weights").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    sets = [arg for o in [f"algorithm.distillation.teacher={teacher}", *STUDENT] for arg in ("--set", o)]
+    student = tmp_path / "tiny-distil"
+    run = erl("run", str(SPEC), *sets, "--workdir", str(student), "--etcd", daemon.endpoint, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    taught = metrics(student)
+    reward = [line["rollout/reward_mean"] for line in taught]
+    assert mean(reward[-3:]) >= mean(reward[:3]) + 0.05, reward
+    reverse_kl = [line["train/distillation_reverse_kl"] for line in taught]
+    assert reverse_kl[-1] < 0.7 * reverse_kl[0], reverse_kl
 
     # The finished job plots, `erl logs -f` ends with it (here: at once), printing what the logs hold.
     plotted = erl("plot", "tiny-grpo", "--etcd", daemon.endpoint, check=True)

@@ -89,14 +89,14 @@ def test_pipeline_stages_split_the_layers_and_the_ends_hold_the_embeddings():
 
 
 def test_bytes_per_parameter_and_the_sharded_optimizer():
-    memory = rank_memory(LLAMA_8B, Layout(), FP32_WHOLE, tokens=1, sequence=1, reference_model=True)
-    assert memory.parameter_bytes == memory.gradient_bytes == memory.reference_bytes == 4 * memory.parameters
+    memory = rank_memory(LLAMA_8B, Layout(), FP32_WHOLE, tokens=1, sequence=1, frozen_models=1)
+    assert memory.parameter_bytes == memory.gradient_bytes == memory.frozen_bytes == 4 * memory.parameters
     assert memory.optimizer_bytes == 8 * memory.parameters
     layout = Layout(tensor_parallel=2, pipeline_parallel=2, data_parallel=4)
-    sharded = rank_memory(LLAMA_8B, layout, MEGATRON_BF16, tokens=1, sequence=1, reference_model=False)
+    sharded = rank_memory(LLAMA_8B, layout, MEGATRON_BF16, tokens=1, sequence=1, frozen_models=0)
     assert sharded.parameters in stage_parameters(LLAMA_8B, layout)
     assert sharded.optimizer_bytes == 12 * sharded.parameters // 4
-    assert sharded.reference_bytes == 0
+    assert sharded.frozen_bytes == 0
 
 
 def test_activations_grow_with_the_tokens_and_only_unfused_attention_with_the_sequence():
@@ -137,7 +137,7 @@ def test_the_micro_batch_is_the_longest_samples_the_spec_allows():
     assert (bounded.tokens, bounded.sequence) == (64 * 32, 32)
     budget = plan(load_spec(SPEC, ["trainer.max_tokens_per_micro_batch=48"]))
     assert budget.tokens == 64  # a sample longer than the budget goes alone
-    assert plan(load_spec(SPEC, ["algorithm.kl_coef=0.1"])).memory.reference_bytes > 0
+    assert plan(load_spec(SPEC, ["algorithm.kl_coef=0.1"])).memory.frozen_bytes > 0
 
 
 def test_a_slot_too_small_everywhere_is_a_shortfall_and_an_unknown_one_is_not():
