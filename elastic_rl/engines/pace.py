@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from elastic_rl.alongside import alongside
 from elastic_rl.errors import EngineError
 from policies.engine_health import EngineLoad
 from policies.engine_pace import EVEN, PaceVerdict, judge
@@ -137,10 +138,5 @@ class PaceMeter:
         changed: Callable[[PaceVerdict, PaceVerdict], Awaitable[None]],
     ):
         """``run`` while the block runs."""
-        task = asyncio.create_task(self.run(engines, load, changed))
-        try:
+        async with alongside(self.run(engines, load, changed)):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

@@ -38,6 +38,7 @@ import torch
 from checkpoints import layout
 from checkpoints.rollout_log import RolloutBatch, read_rollout, write_rollout
 from elastic_rl import jobenv
+from elastic_rl.alongside import alongside
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.engines.access import EngineAccess
 from elastic_rl.engines.client import DEFAULT_TIMEOUT_S, EngineClient
@@ -446,13 +447,8 @@ class Orchestrator:
                 await asyncio.sleep(self.spec.rollout.inflight_persist_interval_s)
                 await self.persist_inflight()
 
-        task = asyncio.create_task(every_interval())
-        try:
+        async with alongside(every_interval()):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     def pacing_engines(self) -> contextlib.AbstractAsyncContextManager:
         """Measure the engines' paces while the block runs (``engines.pace``): while one is slow, new requests
