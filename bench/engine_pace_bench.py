@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from elastic_rl.alongside import alongside  # noqa: E402
 from elastic_rl.engines.access import EngineAccess  # noqa: E402
 from elastic_rl.engines.client import EngineClient  # noqa: E402
 from elastic_rl.engines.pace import PaceMeter  # noqa: E402
@@ -91,7 +92,7 @@ async def rollouts(
                 await generate()
             else:
                 load = lambda engine, timeout_s: router.client_for(engine).load(timeout_s)  # noqa: E731
-                async with meter.measuring(access.worker_urls, load, changed):
+                async with alongside(meter.run(access.worker_urls, load, changed)):
                     await generate()
             times.append(time.monotonic() - started)
             if index:

@@ -2,8 +2,7 @@
 
 Small functions over shared pieces: the clipped surrogate on a ratio, the ratio per token (PPO)
 or per sequence (GSPO), truncated importance weights (TIS), off-policy sequence masking (OPSM), and
-``aggregate``, which turns
-per-token values into the step's loss. Each aggregation divides by a count of the *global*
+``aggregate``, which turns per-token values into the step's loss. Each aggregation divides by a count of the *global*
 batch (its tokens or its samples), so gradients summed across shards and replicas equal the
 gradient of the whole batch's loss, whatever the split.
 """

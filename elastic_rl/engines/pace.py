@@ -21,13 +21,11 @@ generating (``policies.engine_health``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from elastic_rl.alongside import alongside
 from elastic_rl.errors import EngineError
 from policies.engine_health import EngineLoad
 from policies.engine_pace import EVEN, PaceVerdict, judge
@@ -116,7 +114,8 @@ class PaceMeter:
         changed: Callable[[PaceVerdict, PaceVerdict], Awaitable[None]],
     ) -> None:
         """Read the engines (``engines()``: their URLs; ``load(url, timeout_s)``: one's load) every POLL_S,
-        until cancelled; ``changed(before, after)`` is told each time the set of slow engines changes."""
+        until cancelled (run it ``alongside`` generation); ``changed(before, after)`` is told each time the set
+        of slow engines changes."""
         while True:
             try:
                 urls = sorted(await engines())
@@ -129,14 +128,3 @@ class PaceMeter:
                 if before.slow(self.factor) != after.slow(self.factor):
                     await changed(before, after)
             await asyncio.sleep(POLL_S)
-
-    @contextlib.asynccontextmanager
-    async def measuring(
-        self,
-        engines: Callable[[], Awaitable[set[str]]],
-        load: Callable[[str, float], Awaitable[EngineLoad | None]],
-        changed: Callable[[PaceVerdict, PaceVerdict], Awaitable[None]],
-    ):
-        """``run`` while the block runs."""
-        async with alongside(self.run(engines, load, changed)):
-            yield

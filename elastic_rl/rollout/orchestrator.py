@@ -456,10 +456,12 @@ class Orchestrator:
         pacing = self.engines.pacing
         if pacing is None:
             return contextlib.nullcontext()
-        return pacing.measuring(
-            self.engines.worker_urls,
-            lambda url, timeout_s: self.engines.router.client_for(url).load(timeout_s),
-            self.pace_changed,
+        return alongside(
+            pacing.run(
+                self.engines.worker_urls,
+                lambda url, timeout_s: self.engines.router.client_for(url).load(timeout_s),
+                self.pace_changed,
+            )
         )
 
     async def pace_changed(self, before: PaceVerdict, after: PaceVerdict) -> None:

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from elastic_rl.alongside import alongside
 from elastic_rl.engines.access import EngineAccess
 from elastic_rl.engines.client import EngineClient
 from elastic_rl.engines.pace import PaceMeter
@@ -159,9 +160,8 @@ def test_a_slow_engine_gets_fewer_requests_and_is_not_restarted(stack):
             async def one_round() -> list[dict]:
                 return await asyncio.gather(*(access.generate_stream(PROMPT, params, Received()) for _ in range(10)))
 
-            async with meter.measuring(
-                access.worker_urls, lambda url, t: router_client.client_for(url).load(t), changed
-            ):
+            load = lambda url, timeout_s: router_client.client_for(url).load(timeout_s)  # noqa: E731
+            async with alongside(meter.run(access.worker_urls, load, changed)):
                 for _ in range(10):  # until the slow engine has been measured
                     await one_round()
                     if meter.verdict.shares is not None:
