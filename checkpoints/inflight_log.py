@@ -7,8 +7,9 @@ with the orchestrator: the samples of rollout N generated so far, finished
 or not. The orchestrator appends a record per sample that advanced, every
 ``rollout.inflight_persist_interval_s``: the sample's key (prompt epoch,
 prompt index, sample index), the position in its response where the
-record's tokens start, the tokens, their log probs and weight version, and
-how the sample ended once it has. A record is one line, and a batch of
+record's tokens start, the tokens, their log probs and weight version,
+how the sample ended once it has and, with algorithm.routing_replay, the rows
+of its routing record that arrived, from the row they start at. A record is one line, and a batch of
 records reaches the disk (fsync) before the next is written; a line a crash
 tore is ignored on read, and a batch a full disk refused is cut off again, so
 the file never holds a gap. A restarted orchestrator reads the log of the
@@ -26,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import torch
 
 from checkpoints.layout import inflight_path, inflight_rollouts
 from elastic_rl.atomic import fsync_directory, write_file_atomic
+from elastic_rl.engines import routing as routing_record
 
 SampleKey = tuple[int, int, int]
 """(prompt epoch, prompt index, sample index): a sample of a rollout."""
@@ -45,6 +48,9 @@ class Piece:
     version: int
     status: str | None = None
     """How the sample ended (a ``SampleStatus`` value), once it has."""
+    routing_at: int = 0
+    routing: torch.Tensor | None = None
+    """Rows of the sample's routing record (``elastic_rl.engines.routing``), from row ``routing_at`` on."""
 
     def to_line(self) -> bytes:
         record: dict[str, Any] = {
@@ -56,12 +62,24 @@ class Piece:
         }
         if self.status is not None:
             record["end"] = self.status
+        if self.routing is not None:
+            record["ra"], record["r"] = self.routing_at, routing_record.to_json(self.routing)
         return orjson.dumps(record) + b"\n"
 
     @classmethod
     def from_line(cls, line: bytes) -> Piece:
         record = orjson.loads(line)
-        return cls(tuple(record["key"]), record["at"], record["ids"], record["lp"], record["v"], record.get("end"))
+        routing = routing_record.from_json(record["r"]) if "r" in record else None
+        return cls(
+            tuple(record["key"]),
+            record["at"],
+            record["ids"],
+            record["lp"],
+            record["v"],
+            record.get("end"),
+            record.get("ra", 0),
+            routing,
+        )
 
 
 @dataclass
@@ -73,11 +91,17 @@ class Logged:
     runs: list[tuple[int, int]] = field(default_factory=list)
     """(weight version, tokens) of each run of tokens one version generated, in order."""
     status: str | None = None
+    routing: torch.Tensor | None = None
+    """Its routing record as far as it was logged without a gap."""
 
     def take(self, piece: Piece) -> bool:
-        """Append a piece that starts where this ends; False (and nothing taken) for one that does not."""
+        """Append a piece that starts where this ends; False (and nothing taken) for one that does not.
+        Routing rows that do not start where the record ends are left out."""
         if piece.at != len(self.output_ids) or self.status is not None:
             return False
+        held = 0 if self.routing is None else len(self.routing)
+        if piece.routing is not None and piece.routing_at == held:
+            self.routing = piece.routing if self.routing is None else torch.cat([self.routing, piece.routing])
         self.output_ids += piece.output_ids
         self.logprobs += piece.logprobs
         if self.runs and self.runs[-1][0] == piece.version:
@@ -95,6 +119,7 @@ class Logged:
             at += count
         if made:
             made[-1].status = self.status
+            made[-1].routing = self.routing
         return made
 
 

@@ -2,14 +2,17 @@
 and for a resume to replay.
 
 ``rollouts/<N>/`` holds ``batch.safetensors`` (the tensors of a
-``RolloutBatch``), ``meta.json`` (the sampler's state after the rollout:
+``RolloutBatch``; with algorithm.routing_replay, each sample's routing
+record among them), ``meta.json`` (the sampler's state after the rollout:
 data source, buffer, bad samples in a row; the prompts drawn, the groups
 dropped and why, each sample's status, the rollout's metrics) and a manifest
 of their sizes and checksums. The meta records the log's format: a rollout
 of another format (written by another version of elastic-rl) is refused,
-never half read. The folder appears atomically, so a trainer never sees half
-a batch. Samples of a GRPO group are contiguous. A rollout the NaN guard
-rolls back is quarantined: every trainer skips it, on a replay too.
+never half read. Format 2 is the exception: it differs only in having no
+routing records, and is read as a batch without them (the trainer's own
+routers route its tokens). The folder appears atomically, so a trainer never
+sees half a batch. Samples of a GRPO group are contiguous. A rollout the NaN
+guard rolls back is quarantined: every trainer skips it, on a replay too.
 Retention cuts the log below the oldest snapshot kept (``cut_below``).
 """
 
@@ -30,9 +33,12 @@ from elastic_rl.atomic import atomic_directory, write_file_atomic
 from elastic_rl.errors import RolloutLogError
 
 BATCH_FILE = "batch.safetensors"
-LOG_FORMAT = 2
+LOG_FORMAT = 3
 """Written in every rollout's meta; one more whenever the batch's tensors or the meta's keys change
-(2: loss masks, sample metadata and errors in the buffer, the bad-data count)."""
+(2: loss masks, sample metadata and errors in the buffer, the bad-data count; 3: routing records in the
+batch and in the buffer's samples)."""
+READABLE_FORMATS = (2, LOG_FORMAT)
+"""What ``read_meta`` reads: format 2 is format 3 without routing records."""
 
 
 def response_mask(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -53,23 +59,30 @@ class RolloutBatch:
     prompt_epochs: torch.Tensor  # int64 [N]
     weight_versions: torch.Tensor  # int64 [N]: weights that generated each sample
     loss_mask: torch.Tensor  # float32 [N, L]: 1 at the response tokens the model generated (not a tool's)
+    routed_experts: torch.Tensor | None = None
+    """uint8 or int16 [N, L, layers, topk]: each token's experts as the engine routed it, with
+    algorithm.routing_replay (``elastic_rl.engines.routing``); None otherwise."""
 
     @property
     def size(self) -> int:
         return self.tokens.shape[0]
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Its tensors by field name, those it does not hold left out."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
     def select(self, rows: torch.Tensor | slice) -> RolloutBatch:
-        return RolloutBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+        return RolloutBatch(**{name: tensor[rows] for name, tensor in self.tensors().items()})
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """The batch on ``device`` (itself when it is there already)."""
-        return RolloutBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return RolloutBatch(**{name: tensor.to(device) for name, tensor in self.tensors().items()})
 
 
 def write_rollout(workdir: Path, rollout_id: int, batch: RolloutBatch, meta: dict[str, Any]) -> Path:
     target = rollout_dir(workdir, rollout_id)
     with atomic_directory(target) as temp:
-        save_file({f.name: getattr(batch, f.name).contiguous() for f in fields(batch)}, str(temp / BATCH_FILE))
+        save_file({name: tensor.contiguous() for name, tensor in batch.tensors().items()}, str(temp / BATCH_FILE))
         record = {**meta, "rollout_id": rollout_id, "format": LOG_FORMAT}
         (temp / META_FILE).write_bytes(orjson.dumps(record, option=orjson.OPT_SORT_KEYS))
         write_manifest(temp, {"rollout_id": rollout_id})
@@ -87,10 +100,11 @@ def read_meta(folder: Path) -> dict[str, Any]:
     path = folder / META_FILE
     meta = orjson.loads(path.read_bytes())
     found = meta.get("format", 1)  # format 1 had no number
-    if found != LOG_FORMAT:
+    if found not in READABLE_FORMATS:
         raise RolloutLogError(
             f"{path}: a rollout log of format {found}, written by another version of elastic-rl; this one reads "
-            f"format {LOG_FORMAT} only: run the job in a new work dir (for debug.train_only, generate the log again)"
+            f"formats {', '.join(map(str, READABLE_FORMATS))} only: run the job in a new work dir (for "
+            "debug.train_only, generate the log again)"
         )
     return meta
 

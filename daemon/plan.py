@@ -230,6 +230,7 @@ def command(proc: ProcSpec, assignment: dict, spec: JobSpec, workdir: Path, adve
             # A chunk per token: with everything so far in each, a long response would cost its square.
             incremental_streaming=True,
             colocated=spec.colocated,
+            routed_experts=spec.algorithm.routing_replay,
         )
     return [sys.executable, "-m", "elastic_rl.trainer.main"]
 

@@ -104,6 +104,12 @@ METRICS = (
         Unit.FRACTION,
         "Response tokens off-policy sequence masking kept out of the policy gradient (algorithm.opsm).",
     ),
+    Metric(
+        "train/routing_agreement",
+        Unit.FRACTION,
+        "(token, MoE layer) routings of the engine the trainer's router would have chosen itself, in the "
+        "rollout's first pass (algorithm.routing_replay).",
+    ),
     Metric("train/grad_norm", Unit.VALUE, "Gradient norm before clipping."),
     Metric("train/samples_per_step", Unit.COUNT, "Samples in each optimizer step."),
     Metric("train/participants", Unit.COUNT, "Replicas in the torchft quorum of each step."),

@@ -15,6 +15,10 @@ With a ``PaceMeter`` (``engines.pace``), while one engine generates well below
 its peers' pace, each new stream goes to the engine the meter picks by its
 share instead of the router's even choice; one that fails there before any of
 it arrived goes through the router after all.
+
+A request that asks for its routing record (algorithm.routing_replay) goes
+straight to the engines as well: sglang-router's request type has no
+``return_routed_experts`` and drops it on the way.
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ class EngineAccess:
                 if received.output_ids:
                     raise
                 log.warning("engine %s did not answer a paced request: through the router instead (%s)", engine, exc)
+        if received.routing_shape is not None and self.direct is not None:
+            return await self.direct.generate_stream(input_ids, sampling_params, received, silence_s)
         return await self._router_or_direct(
             lambda: self.router.generate_stream(input_ids, sampling_params, received, silence_s),
             lambda: self.direct.generate_stream(input_ids, sampling_params, received, silence_s),

@@ -27,6 +27,7 @@ import orjson
 
 from elastic_rl import job_secret
 from elastic_rl.engines import load_metrics
+from elastic_rl.engines.routing import REQUEST_FLAG
 from elastic_rl.engines.streaming import Received, event_data
 from elastic_rl.errors import EngineError, EngineRejected
 from elastic_rl.retry import with_retries
@@ -151,7 +152,8 @@ class EngineClient:
         silence_s: float | None = None,
         rid: str | None = None,
     ) -> dict[str, Any]:
-        """``/generate`` streamed, with log probs: each token goes into ``received`` as it arrives, and what
+        """``/generate`` streamed, with log probs (and the routing record when ``received`` reads one): each
+        token goes into ``received`` as it arrives, and what
         arrived stays there if the stream breaks (EngineError) or is refused (EngineRejected). Returns the
         answer ``generate`` would have. One attempt: a retry would start the request over. A stream
         silent for ``silence_s`` (default: the client's timeout) counts as broken."""
@@ -161,6 +163,9 @@ class EngineClient:
             "return_logprob": True,
             "stream": True,
         }
+        if received.routing_shape is not None:
+            body[REQUEST_FLAG] = True
+            received.input_tokens = len(input_ids)
         if rid is not None:
             body["rid"] = rid
         url = f"{self.base_url}/generate"

@@ -26,6 +26,10 @@ A sequence is its token ids so far (prompt and output); the last one, just
 sampled, is not in the cache yet. Weights changing invalidates every cache
 (``reset``): a sequence kept across an update is prefilled again on the new
 weights.
+
+A decoder given a ``RouterTrace`` (a mixture of experts) also keeps, for each
+sequence, the rows its forward passes routed (``take_routing``): the rows of
+its routing record from the first position the pass took.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from elastic_rl.engines.router_trace import RouterTrace
 
 log = logging.getLogger("elastic_rl.engines.decoders")
 
@@ -60,6 +66,11 @@ class Decoder(Protocol):
 
     def reset(self) -> None:
         """Forget every cache (the weights changed)."""
+
+    def take_routing(self) -> dict[Tokens, tuple[int, torch.Tensor]]:
+        """Per sequence that had a forward since the last call: (its first position the forward took, the
+        experts each of its tokens from there was routed to ``[tokens, layers, topk]``); empty for a dense
+        model."""
 
 
 def _forward(model: PreTrainedModel, tokens, mask, positions, cache: DynamicCache) -> torch.Tensor:
@@ -95,9 +106,11 @@ def _kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 class BatchedDecoder:
-    def __init__(self, model: PreTrainedModel, pad_token_id: int):
+    def __init__(self, model: PreTrainedModel, pad_token_id: int, trace: RouterTrace | None = None):
         self.model = model
         self.pad = pad_token_id
+        self.trace = trace
+        self.routed: dict[Tokens, tuple[int, torch.Tensor]] = {}
         self.rows: list[Tokens] = []
         self.cache: DynamicCache | None = None
         self.mask = torch.zeros((0, 0), dtype=torch.long)
@@ -118,6 +131,11 @@ class BatchedDecoder:
         tokens, mask = _left_pad([list(ids) for ids in distinct], self.pad)
         cache = DynamicCache()
         logits = _forward(self.model, tokens, mask, _positions(mask), cache)
+        if self.trace is not None:
+            chosen = self.trace.take(*tokens.shape)
+            for sequence, row in zip(joining, source):
+                real = int(mask[row].sum())  # left-padded: the real tokens are the last ones
+                self.routed[sequence] = (0, chosen[row, tokens.shape[1] - real :])
         if len(distinct) < len(joining):
             rows = torch.tensor(source)
             cache = DynamicCache(ddp_cache_data=[(k[rows], v[rows]) for k, v in _kv(cache)])
@@ -155,7 +173,15 @@ class BatchedDecoder:
         self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long)], dim=1)
         positions = self.mask.sum(dim=1, keepdim=True) - 1
         logits = _forward(self.model, last, self.mask, positions, self.cache)
+        if self.trace is not None:
+            chosen = self.trace.take(len(self.rows), 1)
+            for index, sequence in enumerate(self.rows):
+                self.routed[sequence] = (len(sequence.token_ids()) - 1, chosen[index])
         return dict(zip(self.rows, logits))
+
+    def take_routing(self) -> dict[Tokens, tuple[int, torch.Tensor]]:
+        routed, self.routed = self.routed, {}
+        return routed
 
     def drop(self, sequences: Iterable[Tokens]) -> None:
         leaving = set(sequences)
@@ -178,9 +204,11 @@ class BatchedDecoder:
 
 
 class SoloDecoder:
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, trace: RouterTrace | None = None):
         self.model = model
+        self.trace = trace
         self.caches: dict[Tokens, DynamicCache] = {}
+        self.routed: dict[Tokens, tuple[int, torch.Tensor]] = {}
 
     def step(self, sequences: Sequence[Tokens]) -> dict[Tokens, torch.Tensor]:
         return {sequence: self._next(sequence) for sequence in sequences}
@@ -190,10 +218,19 @@ class SoloDecoder:
         decode steps were, so a continuation gets the bits the uninterrupted request had."""
         ids = sequence.token_ids()
         cache = self.caches.setdefault(sequence, DynamicCache())
-        for position in range(cache.get_seq_length(), len(ids)):
+        start, rows = cache.get_seq_length(), []
+        for position in range(start, len(ids)):
             tokens = torch.tensor([[ids[position]]])
             logits = _forward(self.model, tokens, None, torch.tensor([[position]]), cache)
+            if self.trace is not None:
+                rows.append(self.trace.take(1, 1)[0])
+        if rows:
+            self.routed[sequence] = (start, torch.cat(rows))
         return logits[0]
+
+    def take_routing(self) -> dict[Tokens, tuple[int, torch.Tensor]]:
+        routed, self.routed = self.routed, {}
+        return routed
 
     def drop(self, sequences: Iterable[Tokens]) -> None:
         for sequence in sequences:
@@ -326,3 +363,6 @@ class InvariantDecoder:
 
     def reset(self) -> None:
         self.caches.clear()
+
+    def take_routing(self) -> dict[Tokens, tuple[int, torch.Tensor]]:
+        return {}  # a dense model's only: a mixture of experts decodes with SoloDecoder

@@ -31,11 +31,15 @@ def engine_command(
     deterministic: bool = False,
     incremental_streaming: bool = False,
     colocated: bool = False,
+    routed_experts: bool = False,
 ) -> list[str]:
     """``incremental_streaming``: a cpu engine's streamed chunks hold only the new tokens (SGLang's
     --incremental-streaming-output, which older SGLang releases lack: give it in extra_args there).
     ``colocated``: the engine shares its GPU with a trainer rank and releases its memory on request,
-    which SGLang does only through torch_memory_saver (--enable-memory-saver); a cpu engine always can."""
+    which SGLang does only through torch_memory_saver (--enable-memory-saver); a cpu engine always can.
+    ``routed_experts``: requests may ask for their routing record (algorithm.routing_replay), which SGLang
+    answers only when started with --enable-return-routed-experts; a cpu engine of a mixture of experts
+    always can."""
     determinism = ["--enable-deterministic-inference"] if deterministic else []
     if spec.kind == "cpu":
         return [
@@ -80,6 +84,7 @@ def engine_command(
         "--enable-metrics",
         *determinism,
         *(["--enable-memory-saver"] if colocated else []),
+        *(["--enable-return-routed-experts"] if routed_experts else []),
     ]
     return command + list(spec.extra_args)
 

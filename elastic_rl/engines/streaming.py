@@ -11,7 +11,11 @@ exactly the new tokens or exactly every token so far (and its log probs
 likewise): one that holds another count is not what the engine generated,
 and breaks the stream rather than shift the sample's tokens. What has
 arrived is kept when the stream breaks: the caller continues the request
-from it.
+from it. A mixture of experts' routing record (``engines.routing``), when
+asked for, comes in a chunk either whole (a row for each token of the input
+and each generated token but the last) or as the rows after those sent
+before; one that is neither breaks the stream like a token count that does
+not add up.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import torch
 
+from elastic_rl.engines.routing import WIRE_KEY, RoutingShape, decode_wire
 from elastic_rl.errors import EngineError
 
 DONE = b"[DONE]"
@@ -33,6 +39,12 @@ class Received:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    routing_shape: RoutingShape | None = None
+    """Set when the request asked for the routing record: how to read it."""
+    routing: torch.Tensor | None = None
+    """The request's routing record so far (its input's tokens and what it generated, less the last)."""
+    input_tokens: int = 0
+    """The request's input length, set as it is sent: the routing record's rows start with its tokens."""
 
     @property
     def finished(self) -> bool:
@@ -54,6 +66,8 @@ class Received:
                 f"a streamed chunk counts {total} tokens, {len(self.output_ids)} received before, but holds "
                 f"{held[0]} token(s)" + ("" if entries is None else f" and {held[-1]} log prob(s)")
             )
+        if self.routing_shape is not None and meta.get(WIRE_KEY):
+            self.routing = self._routing_with(meta[WIRE_KEY], total)
         if new > 0:
             self.output_ids += chunk["output_ids"][-new:]
             if entries is not None:
@@ -61,9 +75,27 @@ class Received:
         self.meta = meta
         return max(new, 0)
 
+    def _routing_with(self, encoded: str, total: int) -> torch.Tensor:
+        """The record once a chunk's rows are taken; EngineError for rows that are neither the whole record
+        of ``total`` generated tokens nor the rows after those held."""
+        try:
+            rows = decode_wire(encoded, self.routing_shape)
+        except ValueError as exc:
+            raise EngineError(f"a streamed chunk's routing record is unreadable: {exc}") from None
+        whole = self.input_tokens + total - 1
+        held = 0 if self.routing is None else len(self.routing)
+        if len(rows) == whole:
+            return rows
+        if held and held + len(rows) == whole:
+            return torch.cat([self.routing, rows])
+        raise EngineError(
+            f"a streamed chunk's routing record holds {len(rows)} rows, {held} received before, for "
+            f"{self.input_tokens} input and {total} generated tokens"
+        )
+
     def answer(self) -> dict[str, Any]:
         """What ``/generate`` would have answered without streaming (less the text)."""
-        meta = dict(self.meta)
+        meta = {key: value for key, value in self.meta.items() if key != WIRE_KEY}
         if "output_token_logprobs" in meta:
             meta["output_token_logprobs"] = [[lp, token, None] for lp, token in zip(self.logprobs, self.output_ids)]
         return {"output_ids": list(self.output_ids), "meta_info": meta}

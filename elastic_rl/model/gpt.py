@@ -23,7 +23,8 @@ products over fp32 parameters and gradients); logits are turned into log
 probabilities in fp32 (``vocab_parallel``).
 
 Attention is torch's fused kernel by default (``model.attention``), and the
-trainer's passes take micro-batches padded or packed (``model.packing``):
+trainer's passes take micro-batches padded or packed (``model.packing``), a
+mixture of experts' replayed routing with them (``model.routing_replay``):
 ``decoder_states`` runs one and returns the final hidden states of the
 positions it scores, which ``model.token_scores`` turns into log probs without
 holding every logit at once. ``ModelOptions.recompute`` asks megatron to
@@ -55,6 +56,7 @@ from elastic_rl.jobenv import RENDEZVOUS
 from elastic_rl.model.attention import FusedAttention, layer_spec
 from elastic_rl.model.cpu_shim import apply_cpu_shim, cuda_calls_on_cpu
 from elastic_rl.model.packing import ModelInput
+from elastic_rl.model.routing_replay import replaying
 from elastic_rl.model.swiglu import use_eager_swiglu
 from elastic_rl.spec.trainer import Attention, Recompute, TrainerSpec
 from policies.devices import DeviceKind, Precision, ProcessDevice
@@ -321,9 +323,14 @@ def decoder_states(model: GPTModel, item: ModelInput, last_stage: bool = True) -
     packed = item.seq_params(tokens.device)
     mask = None if packed is not None else _causal_mask(model, tokens)
     if not last_stage:
-        with _precision(model):
+        with _precision(model), replaying(model, item.routing):
             return model(tokens, _positions(tokens), attention_mask=mask, packed_seq_params=packed)
-    with _precision(model), _selecting(model, item.select), _without_output_layer(model):
+    with (
+        _precision(model),
+        replaying(model, item.routing),
+        _selecting(model, item.select),
+        _without_output_layer(model),
+    ):
         hidden = model(tokens, _positions(tokens), attention_mask=mask, packed_seq_params=packed)
     return hidden.transpose(0, 1)
 

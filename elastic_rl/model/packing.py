@@ -15,6 +15,9 @@ at the position before it.
   rotary positions restart at each. Only the positions before response tokens
   are scored.
 
+A mixture of experts' routing to replay (``model.routing_replay``) is laid out
+as the tokens are, ``[rows, seq, layers, topk]`` or ``[1, tokens, layers, topk]``.
+
 Either way ``ModelInput.spread`` puts the scores of its positions back into the
 micro-batch's ``[rows, width]`` layout, 0 where nothing was scored, so every
 loss reads them as it reads a padded batch.
@@ -22,10 +25,12 @@ loss reads them as it reads a padded batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
+
+from elastic_rl.engines.routing import NO_ROUTE
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,9 @@ class ModelInput:
     """Packed: the scored positions of the sequence."""
     places: tuple[torch.Tensor, torch.Tensor] | None = None
     """Packed: the (row, column) of each scored token in the micro-batch's ``[rows, width]`` layout."""
+    routing: torch.Tensor | None = None
+    """The experts to route each token to, as ``tokens`` plus ``[layers, topk]`` (``NO_ROUTE``: the router's
+    choice); None: every token routed by the router."""
 
     @property
     def packed(self) -> bool:
@@ -81,10 +89,13 @@ class ModelInput:
         positions."""
         more_rows, more_seq = rows - self.tokens.shape[0], seq - self.tokens.shape[1]
         tokens = torch.nn.functional.pad(self.tokens, (0, more_seq, 0, more_rows))
+        routing = self.routing
+        if routing is not None:
+            routing = torch.nn.functional.pad(routing, (0, 0, 0, 0, 0, more_seq, 0, more_rows), value=NO_ROUTE)
         if not self.packed or more_seq == 0:
-            return ModelInput(tokens, self.targets, self.rows, self.first, self.bounds, self.positions, self.places)
+            return replace(self, tokens=tokens, routing=routing)
         bounds = torch.cat([self.bounds, self.bounds.new_tensor([seq])])
-        return ModelInput(tokens, self.targets, self.rows, self.first, bounds, self.positions, self.places)
+        return replace(self, tokens=tokens, routing=routing, bounds=bounds)
 
 
 def empty_input(rows: int, seq: int, packed: bool) -> ModelInput:
@@ -98,16 +109,26 @@ def empty_input(rows: int, seq: int, packed: bool) -> ModelInput:
     return ModelInput(tokens, targets[:1], rows=0, bounds=bounds, positions=torch.tensor([seq - 1]))
 
 
-def padded_input(tokens: torch.Tensor, prompt_lengths: torch.Tensor, lengths: torch.Tensor) -> ModelInput:
+def padded_input(
+    tokens: torch.Tensor, prompt_lengths: torch.Tensor, lengths: torch.Tensor, routing: torch.Tensor | None = None
+) -> ModelInput:
     """The rows of ``tokens`` (a micro-batch's samples, ``lengths`` long each, the first ``prompt_lengths``
-    of them their prompts) padded to the longest sample."""
+    of them their prompts) padded to the longest sample; ``routing``, if given, laid out alike."""
     width, first = int(lengths.max()), int(prompt_lengths.min())
-    return ModelInput(tokens[:, : width - 1], tokens[:, first:width], rows=tokens.shape[0], first=first - 1)
+    return ModelInput(
+        tokens[:, : width - 1],
+        tokens[:, first:width],
+        rows=tokens.shape[0],
+        first=first - 1,
+        routing=None if routing is None else routing[:, : width - 1],
+    )
 
 
-def packed_input(tokens: torch.Tensor, prompt_lengths: torch.Tensor, lengths: torch.Tensor) -> ModelInput:
+def packed_input(
+    tokens: torch.Tensor, prompt_lengths: torch.Tensor, lengths: torch.Tensor, routing: torch.Tensor | None = None
+) -> ModelInput:
     """The rows of ``tokens`` packed end to end, each less its last token: what ``padded_input`` scores, with
-    no padding."""
+    no padding; ``routing``, if given, laid out alike."""
     columns = torch.arange(tokens.shape[1])
     kept = (columns.unsqueeze(0) < (lengths - 1).unsqueeze(1)).to(tokens.device)  # each row less its last token
     inputs = (lengths - 1).clamp(min=0)
@@ -121,4 +142,5 @@ def packed_input(tokens: torch.Tensor, prompt_lengths: torch.Tensor, lengths: to
         bounds=torch.cat([starts, inputs.sum().unsqueeze(0)]),
         positions=starts[rows] + places - 1,
         places=(rows, places),
+        routing=None if routing is None else routing[kept.to(routing.device)].unsqueeze(0),
     )

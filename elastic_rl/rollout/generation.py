@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checkpoints.inflight_log import SampleKey
+from elastic_rl.architecture import from_hf_config
 from elastic_rl.engines.access import EngineAccess
+from elastic_rl.engines.routing import RoutingShape
 from elastic_rl.engines.streaming import Received
 from elastic_rl.errors import EngineError, EngineRejected, GaveUp
 from elastic_rl.plugins import load_function
@@ -165,6 +167,8 @@ class GroupGenerator:
         self.tokenizer = tokenizer
         self.inflight = inflight or InFlight(None)
         """The training samples being generated, as far as they have arrived."""
+        self.routing_shape = routing_shape(spec)
+        """With algorithm.routing_replay: the routing records' shape (each request asks for its record)."""
         function = spec.rollout.generate_function
         self.custom = None if function is None else load_function("rollout.generate_function", function)
         concurrency = spec.rollout.max_concurrency
@@ -262,7 +266,7 @@ class GroupGenerator:
         failures = ConsecutiveFailures(self.spec.rollout.max_request_failures)
         while True:
             realignments = self._realignments
-            received = Received()
+            received = Received(routing_shape=self.routing_shape)
             rest = {**params, "max_new_tokens": budget - len(sample.output_ids)}
             try:
                 async with self.concurrency or contextlib.nullcontext():
@@ -281,7 +285,7 @@ class GroupGenerator:
                 if received.output_ids and self.spec.rollout.continue_inflight and self._serves(version):
                     log.info("a stream broke after %d tokens: continuing it (%s)", len(received.output_ids), exc)
                     sample = sample.continued(
-                        received.output_ids, received.logprobs, int(version), SampleStatus.UNFINISHED
+                        received.output_ids, received.logprobs, int(version), SampleStatus.UNFINISHED, received.routing
                     )
                     self.inflight.done(key, sample)
                     failures = ConsecutiveFailures(self.spec.rollout.max_request_failures)
@@ -295,7 +299,7 @@ class GroupGenerator:
             if self._serves(version):
                 reason = meta["finish_reason"]["type"]
                 status = SampleStatus.from_finish_reason(reason, self.spec.rollout.partial_rollout)
-                sample = sample.continued(received.output_ids, received.logprobs, version, status)
+                sample = sample.continued(received.output_ids, received.logprobs, version, status, received.routing)
                 self.inflight.done(key, sample)
                 return sample
             self.inflight.done(key, sample)
@@ -399,6 +403,13 @@ class Serving:
     realign: Callable[[], Awaitable[float]]
     """Loads ``version`` into every engine behind the router that serves other weights; returns the
     seconds the loads took."""
+
+
+def routing_shape(spec: JobSpec) -> RoutingShape | None:
+    """The shape of the routing records the job replays (algorithm.routing_replay); None when it replays none."""
+    if not spec.algorithm.routing_replay:
+        return None
+    return RoutingShape.of(from_hf_config(spec.model.hf_checkpoint))
 
 
 def checked_generated(made: Any, max_new_tokens: int, vocab_size: int, segments: list[Segment]) -> SampleStatus:

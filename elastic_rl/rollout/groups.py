@@ -14,13 +14,15 @@ groups the lost one held: nothing generated is lost or trained twice.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 import torch
 
 from checkpoints.rollout_log import RolloutBatch
+from elastic_rl.engines import routing as routing_record
+from elastic_rl.engines.routing import RoutingShape
 from elastic_rl.rollout.data import Prompt
 
 BufferChoice = Callable[[list["Group"], int], list[int]]
@@ -69,6 +71,8 @@ class Sample:
     """What a rollout.generate_function reported about the sample (turns, tool calls)."""
     error: str | None = None
     """Why a rollout.generate_function could not make it: it cannot be scored."""
+    routing: torch.Tensor | None = None
+    """With algorithm.routing_replay: the experts each of its tokens was routed to (``engines.routing``)."""
 
     @property
     def version(self) -> int | None:
@@ -79,12 +83,25 @@ class Sample:
     def finished(self) -> bool:
         return self.status is not SampleStatus.UNFINISHED
 
-    def continued(self, output_ids: list[int], logprobs: list[float], version: int, status: SampleStatus) -> Sample:
-        """This sample with what one more request generated."""
+    def continued(
+        self,
+        output_ids: list[int],
+        logprobs: list[float],
+        version: int,
+        status: SampleStatus,
+        routing: torch.Tensor | None = None,
+    ) -> Sample:
+        """This sample with what one more request generated (``routing``: that request's record)."""
         segments = list(self.segments)
         if output_ids or status is not SampleStatus.UNFINISHED:  # a finished sample has a version, even if empty
             segments.append(Segment(version, len(output_ids)))
-        return Sample(self.output_ids + output_ids, self.logprobs + logprobs, segments, status)
+        return Sample(
+            self.output_ids + output_ids,
+            self.logprobs + logprobs,
+            segments,
+            status,
+            routing=routing_record.continued(self.routing, routing),
+        )
 
     @classmethod
     def unstarted(cls) -> Sample:
@@ -92,7 +109,8 @@ class Sample:
         return cls([], [], [], SampleStatus.UNFINISHED)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "status": self.status.value}
+        routing = None if self.routing is None else routing_record.to_json(self.routing)
+        return {**asdict(replace(self, routing=None)), "status": self.status.value, "routing": routing}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Sample:
@@ -105,6 +123,7 @@ class Sample:
             data["loss_mask"],
             data["metadata"],
             data["error"],
+            None if data.get("routing") is None else routing_record.from_json(data["routing"]),
         )
 
 
@@ -195,8 +214,9 @@ class GroupBuffer:
         return cls([Group.from_json(group) for group in data])
 
 
-def to_batch(groups: list[Group], pad_id: int) -> RolloutBatch:
-    """The trainers' batch: every sample of every group, a group's samples contiguous."""
+def to_batch(groups: list[Group], pad_id: int, routing_shape: RoutingShape | None = None) -> RolloutBatch:
+    """The trainers' batch: every sample of every group, a group's samples contiguous; with
+    ``routing_shape`` (algorithm.routing_replay) their routing records too."""
     rows = [(group, sample) for group in groups for sample in group.samples]
     width = max(len(group.prompt_ids) + len(sample.output_ids) for group, sample in rows)
     tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -219,6 +239,9 @@ def to_batch(groups: list[Group], pad_id: int) -> RolloutBatch:
         prompt_epochs=torch.tensor([group.prompt.epoch for group, _ in rows]),
         weight_versions=torch.tensor([sample.version for _, sample in rows]),
         loss_mask=loss_mask,
+        routed_experts=None
+        if routing_shape is None
+        else routing_record.stored([sample.routing for _, sample in rows], width, routing_shape),
     )
 
 

@@ -30,8 +30,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from checkpoints import inflight_log
 from checkpoints.inflight_log import InflightLog, Logged, Piece, SampleKey
+from elastic_rl.engines import routing as routing_record
 from elastic_rl.engines.streaming import Received
 from elastic_rl.event_kinds import EventKind
 from elastic_rl.rollout.groups import Sample, SampleStatus, Segment
@@ -53,6 +56,8 @@ class _Tracked:
     end_persisted: bool = False
     highest: int = 0
     """How far into the response tokens have arrived."""
+    routing_persisted: int = 0
+    """Rows of the routing record in the log."""
 
     def new_pieces(self, key: SampleKey, version: int | None) -> list[Piece]:
         """What arrived since the last persist, a piece per segment (the request under way's tokens
@@ -71,12 +76,26 @@ class _Tracked:
             if skip < len(streamed.output_ids):
                 ids, logprobs = streamed.output_ids[skip:], streamed.logprobs[skip:]
                 pieces.append(Piece(key, at + skip, ids, logprobs, _streamed_version(streamed)))
-        if streamed is None and self.settled.finished and not self.end_persisted:
-            if not pieces:
-                last = self.settled.segments[-1].version if self.settled.segments else version or 0
-                pieces.append(Piece(key, len(self.settled.output_ids), [], [], last))
+        ending = streamed is None and self.settled.finished and not self.end_persisted
+        routing = self._routing(version)
+        new_rows = routing is not None and len(routing) > self.routing_persisted
+        if not pieces and (ending or new_rows):
+            last = self.settled.segments[-1].version if self.settled.segments else version or 0
+            at = len(self.settled.output_ids) if ending else self.persisted
+            pieces.append(Piece(key, at, [], [], last))
+        if ending:
             pieces[-1].status = self.settled.status.value
+        if new_rows:
+            pieces[-1].routing_at, pieces[-1].routing = self.routing_persisted, routing[self.routing_persisted :]
         return pieces
+
+    def _routing(self, version: int | None) -> torch.Tensor | None:
+        """The sample's routing record so far: the settled sample's, and the rows the request under way
+        (from weights ``version``) added."""
+        streamed = self.received
+        if streamed is None or _streamed_version(streamed) not in (version, None):
+            return self.settled.routing
+        return routing_record.continued(self.settled.routing, streamed.routing)
 
 
 def _streamed_version(received: Received) -> int | None:
@@ -147,7 +166,10 @@ class InFlight:
         if len(restored.output_ids) < len(sample.output_ids):
             return sample
         length = len(restored.output_ids)
-        self.tracked[key] = _Tracked(restored, persisted=length, end_persisted=restored.finished, highest=length)
+        rows = 0 if restored.routing is None else len(restored.routing)
+        self.tracked[key] = _Tracked(
+            restored, persisted=length, end_persisted=restored.finished, highest=length, routing_persisted=rows
+        )
         return restored
 
     def requesting(self, key: SampleKey | None, sample: Sample, received: Received) -> None:
@@ -192,6 +214,8 @@ class InFlight:
                 for piece in pieces:
                     tracked = self.tracked[piece.key]
                     tracked.persisted = piece.at + len(piece.output_ids)
+                    if piece.routing is not None:
+                        tracked.routing_persisted = piece.routing_at + len(piece.routing)
                     tracked.end_persisted = tracked.end_persisted or piece.status is not None
                 if self._failing:
                     self._failing = False
@@ -215,4 +239,4 @@ class InFlight:
 def _as_sample(logged: Logged) -> Sample:
     status = SampleStatus(logged.status) if logged.status is not None else SampleStatus.UNFINISHED
     segments = [Segment(version, tokens) for version, tokens in logged.runs]
-    return Sample(list(logged.output_ids), list(logged.logprobs), segments, status)
+    return Sample(list(logged.output_ids), list(logged.logprobs), segments, status, routing=logged.routing)

@@ -255,7 +255,7 @@ class Orchestrator:
         else:
             filler = self.rollout_function or self.sampler
             filled = await filler.fill(rollout_id, self.engine_version)
-            batch = to_batch(filled.groups, pad_token_id(self.tokenizer))
+            batch = to_batch(filled.groups, pad_token_id(self.tokenizer), self.sampler.generator.routing_shape)
         await self._check_versions(rollout_id, filled)
         if filled.function_failures:
             await self.progress.event(

@@ -105,6 +105,12 @@ class AlgorithmSpec(Component):
     aggregation; the masked share is train/opsm_masked_fraction."""
     opsm_delta: PositiveFloat = 1e-4
     """OPSM's threshold on a sequence's mean log-prob drift (slime's --opsm-delta default)."""
+    routing_replay: bool = False
+    """A mixture of experts' rollout routing replay (slime's --use-rollout-routing-replay): the engines return
+    the experts each token was routed to, the routing is committed with the rollout, and the trainer's
+    old-policy, reference and training passes route each token as the engine did. Not for a dense model
+    or kind sft; train/routing_agreement is the share of (token, layer) routings the trainer would have
+    chosen itself."""
     distillation: DistillationSpec | None = None
     """On-policy distillation from a teacher checkpoint, on top of any estimator; unset turns it off."""
     reference: str = "initial"
@@ -130,6 +136,12 @@ class AlgorithmSpec(Component):
     def _sft_has_no_sequences_to_mask(self) -> AlgorithmSpec:
         if self.kind is AlgorithmKind.SFT and self.opsm:
             raise ValueError("opsm masks policy-gradient tokens, which kind sft has none of: drop opsm")
+        return self
+
+    @model_validator(mode="after")
+    def _sft_has_no_routing_to_replay(self) -> AlgorithmSpec:
+        if self.kind is AlgorithmKind.SFT and self.routing_replay:
+            raise ValueError("routing_replay replays what the engines generated, which kind sft has none of: drop it")
         return self
 
     @model_validator(mode="after")

@@ -108,6 +108,16 @@ class JobSpec(Component):
         return self
 
     @model_validator(mode="after")
+    def _routing_comes_from_the_jobs_own_requests(self) -> JobSpec:
+        rollout = self.rollout
+        if self.algorithm.routing_replay and (rollout.generate_function or rollout.rollout_function):
+            raise ValueError(
+                "algorithm.routing_replay replays the routing the engines return to elastic-rl's own requests; "
+                "samples of rollout.generate_function or rollout.rollout_function carry none: drop one"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _model_splits_into_tensor_parallel_ranks(self) -> JobSpec:
         """Joins model and trainer."""
         tp, pp = self.trainer.tensor_parallel, self.trainer.pipeline_parallel
@@ -124,6 +134,8 @@ class JobSpec(Component):
             ep = self.trainer.expert_parallel
             if policy.experts is None and ep > 1:
                 problems.append("trainer.expert_parallel applies to a mixture of experts only: set it to 1")
+            if policy.experts is None and self.algorithm.routing_replay:
+                problems.append("algorithm.routing_replay applies to a mixture of experts only: set it to false")
             if policy.experts is not None and policy.experts.count % ep:
                 problems.append(f"its {policy.experts.count} experts do not split into trainer.expert_parallel {ep}")
             if policy.experts is not None and self.trainer.dtype is Precision.BF16_PARAMS:
@@ -144,6 +156,8 @@ class JobSpec(Component):
             raise ValueError("trainer.moe_aux_loss_coef applies to a mixture of experts only: set it to 0")
         if self.trainer.expert_parallel > 1:
             raise ValueError("trainer.expert_parallel applies to a mixture of experts only: set it to 1")
+        if self.algorithm.routing_replay:
+            raise ValueError("algorithm.routing_replay applies to a mixture of experts only: set it to false")
         for field in ("num_query_groups", "ffn_hidden_size"):
             if getattr(self.model, field) % tp:
                 raise ValueError(

@@ -20,6 +20,7 @@ tensors of its group's device (gloo on CPU, NCCL on a GPU).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -34,6 +35,7 @@ from elastic_rl.algo.advantages import distilled, token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
+from elastic_rl.engines.routing import replayable
 from elastic_rl.layer_names import is_split_over_experts
 from elastic_rl.model.expert_load import ExpertLoad
 from elastic_rl.model.packing import ModelInput, packed_input, padded_input
@@ -43,6 +45,7 @@ from elastic_rl.model.pipeline import (
     run_micro_batches,
     sum_over_stages,
 )
+from elastic_rl.model.routing_replay import RoutingReplay
 from elastic_rl.model.token_scores import Entropy, token_scores
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
@@ -88,7 +91,9 @@ class MicroBatch:
         lengths = batch.prompt_lengths[rows] + batch.response_lengths[rows]
         width = int(lengths.max())
         lay_out = packed_input if packed else padded_input
-        return cls(rows, width, lay_out(batch.tokens[rows, :width], batch.prompt_lengths[rows].cpu(), lengths.cpu()))
+        routing = None if batch.routed_experts is None else replayable(batch.routed_experts[rows, :width])
+        tokens, prompts = batch.tokens[rows, :width], batch.prompt_lengths[rows].cpu()
+        return cls(rows, width, lay_out(tokens, prompts, lengths.cpu(), routing))
 
     @property
     def cut(self) -> tuple[torch.Tensor, slice]:
@@ -238,6 +243,11 @@ class GrpoTrainer:
         self.data_rank = parallel_state.get_data_parallel_rank() if self.data_ranks > 1 else 0
         self.first_stage = parallel_state.is_pipeline_first_stage()
         self.expert_load = ExpertLoad.of(model)  # a mixture of experts' routers; None for a dense model
+        self.routing_replay = None
+        if spec.algorithm.routing_replay:
+            self.routing_replay = RoutingReplay.attach(model)
+            if reference is not None:
+                RoutingReplay.attach(reference)
 
     def _all_reduce_buffer(self, replicas: int) -> tuple[torch.Tensor, int]:
         """What one step all-reduces, in one tensor: every gradient, then the metric sums, then per replica
@@ -312,7 +322,8 @@ class GrpoTrainer:
             # which measures the gap to the engine's on its samples (in _shard_loss).
             old_logp, gap = batch.engine_logprobs, None
         else:
-            old_logp = self._log_probs(self.model, batch)
+            with self._counting_agreement():
+                old_logp = self._log_probs(self.model, batch)
             gap = LogprobGap.of(old_logp, batch.engine_logprobs, mask, self._on_policy(rollout_id, batch))
         ref_gap = None if ref_logp is None else ((ref_logp - old_logp).abs() * mask).max().item()
         # KL in the reward is the rollout's policy against the reference, fixed for all its steps.
@@ -400,15 +411,23 @@ class GrpoTrainer:
             return loss
 
         inputs = [mb.model_input for mb in micro_batches]
-        if self.expert_load is None or not backward:
-            run_micro_batches(self.model, inputs, score, backward)
-        else:
-            self._scale_aux_loss(len(micro_batches))
-            with self.expert_load.counting():
+        with self._counting_agreement() if measure_gap else contextlib.nullcontext():
+            if self.expert_load is None or not backward:
                 run_micro_batches(self.model, inputs, score, backward)
+            else:
+                self._scale_aux_loss(len(micro_batches))
+                with self.expert_load.counting():
+                    run_micro_batches(self.model, inputs, score, backward)
         if measure_gap:
             ctx.logprob_gap = (ctx.logprob_gap or LogprobGap(0.0, None)).over_stages(self.device)
         return sums
+
+    def _counting_agreement(self):
+        """Inside the block the routers count how often the engine chose as they would (with routing replay):
+        in the rollout's first pass on the weights that generated it."""
+        if self.routing_replay is None:
+            return contextlib.nullcontext()
+        return self.routing_replay.counting_agreement()
 
     @staticmethod
     def _on_policy(rollout_id: int, batch: RolloutBatch) -> torch.Tensor:
@@ -602,6 +621,10 @@ class GrpoTrainer:
         result["train/snapshot_gate_time"] = sum(ctx.metrics.values.get("snapshot_gate_time", []))
         if self.expert_load is not None:
             result.update(self.expert_load.take_metrics())
+        if self.routing_replay is not None:
+            agreement = self.routing_replay.take_agreement()
+            if agreement is not None:
+                result["train/routing_agreement"] = agreement
         result["train/lr"] = self.scheduler.get_last_lr()[0]
         result["train/rollout_train_time"] = time.monotonic() - ctx.started
         result["train/prepare_time"] = ctx.prepare_time

@@ -1,6 +1,7 @@
 """A mixture-of-experts policy in a real job: a small random Qwen3-MoE with the toy tokenizer trains on
-the toy task through the cpu engines (which serve it with transformers), reporting each layer's expert
-load; an engine and a trainer killed (under `make chaos`) change nothing. Under `make chaos` too, the
+the toy task through the cpu engines (which serve it with transformers), replaying the engines' routing
+and reporting each layer's expert load; an engine and a trainer killed (under `make chaos`) change
+nothing, the committed routing replayed. Under `make chaos` too, the
 experts split over two data-parallel ranks (expert parallelism) import, export and train as whole ones."""
 
 from __future__ import annotations
@@ -59,16 +60,20 @@ def moe_spec(tmp_path_factory) -> Path:
 
 
 def job(rollouts: int) -> list[str]:
-    return ["--set", f"rollout.num_rollouts={rollouts}", "--set", "trainer.moe_aux_loss_coef=0.01"]
+    settings = [f"rollout.num_rollouts={rollouts}", "trainer.moe_aux_loss_coef=0.01", "algorithm.routing_replay=true"]
+    return [arg for setting in settings for arg in ("--set", setting)]
 
 
 @pytest.mark.timeout(400)
-def test_a_mixture_of_experts_trains_and_reports_its_expert_load(daemon, tmp_path, moe_spec):
+def test_a_mixture_of_experts_trains_replaying_its_routing_and_reports_its_expert_load(daemon, tmp_path, moe_spec):
     run_job(daemon, tmp_path, job(6), spec=moe_spec, timeout_s=360)
     lines = metrics(tmp_path)
     assert [line["rollout"] for line in lines] == list(range(6))
     for line in lines:
         assert math.isfinite(line["rollout/reward_mean"]) and math.isfinite(line["train/loss"]), line
+        # The routing each token had in the engine reached the trainer, and its log probs are the engine's.
+        assert 0.9 <= line["train/routing_agreement"] <= 1.0, line
+        assert line["train/on_policy_logprob_abs_diff_max"] <= 1e-5, line
         # The busiest expert's tokens over the mean: 1 when even, at most experts / per_token (every token
         # sends one of its picks to the same expert).
         for layer in range(2):

@@ -393,8 +393,8 @@ def test_the_toy_answer_has_toy_digits_and_must_fit_in_max_new_tokens():
 @pytest.mark.parametrize(
     "overrides, recorded",
     [
-        ([], "7c035897511a9429"),
-        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "023e6e485c7e5830"),
+        ([], "10ffc887e8dd27a3"),
+        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "254c3bc10a76c089"),
     ],
 )
 def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
@@ -408,6 +408,7 @@ def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
     # fault_tolerance.handover_timeout_s did, and trainer.data_parallel and shard_optimizer did, and
     # trainer.pipeline_parallel did, and trainer.moe_aux_loss_coef did, and trainer.packing, attention and
     # recompute did, and fault_tolerance.straggler_factor and straggler_steps did, and engines.straggler_factor
-    # did, and algorithm.opsm and opsm_delta did, and algorithm.distillation did.
+    # did, and algorithm.opsm and opsm_delta did, and algorithm.distillation did, and
+    # algorithm.routing_replay did.
     # A fixed trainer.replicas or engines.count is written as a number, as before they could be ranges.
     assert spec_hash(load_spec(SPEC, overrides)) == recorded

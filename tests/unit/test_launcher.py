@@ -44,6 +44,9 @@ def test_sglang_command_passes_extra_args_through():
     assert "--enable-memory-saver" not in command
     # Colocated, SGLang releases its memory between turns only through torch_memory_saver.
     assert "--enable-memory-saver" in engine_command(spec, Path("/w/0"), 30002, colocated=True)
+    # Routing replay: SGLang answers a request's return_routed_experts only when started for it.
+    assert "--enable-return-routed-experts" not in command
+    assert "--enable-return-routed-experts" in engine_command(spec, Path("/w/0"), 30002, routed_experts=True)
 
 
 def test_an_sglang_engine_health_is_liveness_only():
