@@ -93,7 +93,7 @@ def record_sizes(workdir: Path) -> tuple[float, float]:
 def step_times(replay: bool, steps: int, spec_path: Path, checkpoint: Path) -> list[float]:
     import torch
 
-    from elastic_rl.engines import routing
+    from elastic_rl import routing_record as routing
     from elastic_rl.model.source import ModelSource
     from elastic_rl.spec.loading import load_spec
     from elastic_rl.spec.model import ModelSpec

@@ -30,8 +30,8 @@ import orjson
 import torch
 
 from checkpoints.layout import inflight_path, inflight_rollouts
+from elastic_rl import routing_record
 from elastic_rl.atomic import fsync_directory, write_file_atomic
-from elastic_rl.engines import routing as routing_record
 
 SampleKey = tuple[int, int, int]
 """(prompt epoch, prompt index, sample index): a sample of a rollout."""
@@ -50,7 +50,7 @@ class Piece:
     """How the sample ended (a ``SampleStatus`` value), once it has."""
     routing_at: int = 0
     routing: torch.Tensor | None = None
-    """Rows of the sample's routing record (``elastic_rl.engines.routing``), from row ``routing_at`` on."""
+    """Rows of the sample's routing record (``elastic_rl.routing_record``), from row ``routing_at`` on."""
 
     def to_line(self) -> bytes:
         record: dict[str, Any] = {

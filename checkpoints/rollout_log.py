@@ -61,7 +61,7 @@ class RolloutBatch:
     loss_mask: torch.Tensor  # float32 [N, L]: 1 at the response tokens the model generated (not a tool's)
     routed_experts: torch.Tensor | None = None
     """uint8 or int16 [N, L, layers, topk]: each token's experts as the engine routed it, with
-    algorithm.routing_replay (``elastic_rl.engines.routing``); None otherwise."""
+    algorithm.routing_replay (``elastic_rl.routing_record``); None otherwise."""
 
     @property
     def size(self) -> int:

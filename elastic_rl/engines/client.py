@@ -27,10 +27,10 @@ import orjson
 
 from elastic_rl import job_secret
 from elastic_rl.engines import load_metrics
-from elastic_rl.engines.routing import REQUEST_FLAG
 from elastic_rl.engines.streaming import Received, event_data
 from elastic_rl.errors import EngineError, EngineRejected
 from elastic_rl.retry import with_retries
+from elastic_rl.routing_record import REQUEST_FLAG
 from policies.engine_health import EngineLoad
 
 DEFAULT_TIMEOUT_S = 600.0

@@ -6,7 +6,7 @@ indices), the indices ``[tokens, topk]`` in the order the router ranked them.
 ``RouterTrace`` hooks every such router, in layer order, and keeps what each
 chose in the forward under way; ``take`` hands the decoder a pass's choices
 laid out as its input ``[batch, seq, layers, topk]``, the decoder keeps the
-rows of each sequence's real tokens (``engines.routing``).
+rows of each sequence's real tokens (``elastic_rl.routing_record``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ exactly the new tokens or exactly every token so far (and its log probs
 likewise): one that holds another count is not what the engine generated,
 and breaks the stream rather than shift the sample's tokens. What has
 arrived is kept when the stream breaks: the caller continues the request
-from it. A mixture of experts' routing record (``engines.routing``), when
+from it. A mixture of experts' routing record (``elastic_rl.routing_record``), when
 asked for, comes in a chunk either whole (a row for each token of the input
 and each generated token but the last) or as the rows after those sent
 before; one that is neither breaks the stream like a token count that does
@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 import torch
 
-from elastic_rl.engines.routing import WIRE_KEY, RoutingShape, decode_wire
 from elastic_rl.errors import EngineError
+from elastic_rl.routing_record import WIRE_KEY, RoutingShape, decode_wire
 
 DONE = b"[DONE]"
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from elastic_rl.engines.routing import NO_ROUTE
+from elastic_rl.routing_record import NO_ROUTE
 
 
 @dataclass(frozen=True)

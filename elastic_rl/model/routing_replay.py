@@ -36,7 +36,7 @@ from megatron.core import parallel_state
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
-from elastic_rl.engines.routing import NO_ROUTE
+from elastic_rl.routing_record import NO_ROUTE
 
 
 class LayerReplay(RouterReplay):

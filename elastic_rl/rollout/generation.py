@@ -37,7 +37,6 @@ from typing import Any
 from checkpoints.inflight_log import SampleKey
 from elastic_rl.architecture import from_hf_config
 from elastic_rl.engines.access import EngineAccess
-from elastic_rl.engines.routing import RoutingShape
 from elastic_rl.engines.streaming import Received
 from elastic_rl.errors import EngineError, EngineRejected, GaveUp
 from elastic_rl.plugins import load_function
@@ -45,6 +44,7 @@ from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment
 from elastic_rl.rollout.inflight import InFlight
 from elastic_rl.rollout.made_samples import check_made
+from elastic_rl.routing_record import RoutingShape
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.spec.rollout import RolloutSpec
 from policies.dynamic_sampling import ConsecutiveFailures

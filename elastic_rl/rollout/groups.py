@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from checkpoints.rollout_log import RolloutBatch
-from elastic_rl.engines import routing as routing_record
-from elastic_rl.engines.routing import RoutingShape
+from elastic_rl import routing_record
 from elastic_rl.rollout.data import Prompt
+from elastic_rl.routing_record import RoutingShape
 
 BufferChoice = Callable[[list["Group"], int], list[int]]
 """Given the buffered groups and how many a rollout wants, the indices of those it takes."""
@@ -72,7 +72,7 @@ class Sample:
     error: str | None = None
     """Why a rollout.generate_function could not make it: it cannot be scored."""
     routing: torch.Tensor | None = None
-    """With algorithm.routing_replay: the experts each of its tokens was routed to (``engines.routing``)."""
+    """With algorithm.routing_replay: the experts each of its tokens was routed to (``elastic_rl.routing_record``)."""
 
     @property
     def version(self) -> int | None:

@@ -34,7 +34,7 @@ import torch
 
 from checkpoints import inflight_log
 from checkpoints.inflight_log import InflightLog, Logged, Piece, SampleKey
-from elastic_rl.engines import routing as routing_record
+from elastic_rl import routing_record
 from elastic_rl.engines.streaming import Received
 from elastic_rl.event_kinds import EventKind
 from elastic_rl.rollout.groups import Sample, SampleStatus, Segment

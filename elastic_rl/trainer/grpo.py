@@ -35,7 +35,6 @@ from elastic_rl.algo.advantages import distilled, token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
-from elastic_rl.engines.routing import replayable
 from elastic_rl.layer_names import is_split_over_experts
 from elastic_rl.model.expert_load import ExpertLoad
 from elastic_rl.model.packing import ModelInput, packed_input, padded_input
@@ -47,6 +46,7 @@ from elastic_rl.model.pipeline import (
 )
 from elastic_rl.model.routing_replay import RoutingReplay
 from elastic_rl.model.token_scores import Entropy, token_scores
+from elastic_rl.routing_record import replayable
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.trainer.grad_norm import grad_norm

@@ -1,7 +1,8 @@
 """Rollout routing replay: the cpu engine's routing records against the trainer's routers, in two
 pipeline stages, on a mixture of experts with no near tie and on one built with near ties (two experts
 whose router rows differ by 1e-8), where the engine and the trainer route some tokens differently;
-and the gradient of a replayed step under full recomputation."""
+the gradient of a replayed step under full recomputation; and a rollout's routing committed to the
+rollout log and read back, as a trainer replaying the log after a crash reads it."""
 
 from __future__ import annotations
 
@@ -53,6 +54,10 @@ def test_replayed_routing_closes_the_log_prob_gap_that_near_ties_open(tmp_path):
     # Near ties: routed alike only by replay, and the log probs with it.
     assert tied_result["agreement"] < 0.99, tied_result
     assert tied_result["gap_own"] > 1e-3, tied_result
-    assert tied_result["gap_replayed"] <= 1e-5, tied_result
+    assert tied_result["gap_replayed"] <= 1e-5 and tied_result["gap_replayed_packed"] <= 1e-5, tied_result
     # A forward recomputed in the backward pass replays its own micro-batch's routing too.
     assert tied_result["recompute_gradient_gap"] <= 1e-6, tied_result
+    # The routing committed with a rollout and read back trains exactly what the engine's did, and it
+    # matters: without it the trainer's own routing trains other weights.
+    assert tied_result["log_vs_memory"] == 0.0, tied_result
+    assert tied_result["unrouted_vs_memory"] > 1e-4, tied_result

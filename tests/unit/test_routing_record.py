@@ -13,14 +13,14 @@ import torch
 
 from checkpoints import inflight_log, layout
 from checkpoints.rollout_log import RolloutBatch, read_rollout, write_rollout
+from elastic_rl import routing_record as routing
 from elastic_rl.cli.main import main
-from elastic_rl.engines import routing
-from elastic_rl.engines.routing import NO_ROUTE, RoutingShape
 from elastic_rl.engines.streaming import Received
 from elastic_rl.errors import EngineError, RolloutLogError
 from elastic_rl.model.routing_replay import LayerReplay, RoutingReplay
 from elastic_rl.rollout.groups import Sample, SampleStatus
 from elastic_rl.rollout.inflight import InFlight
+from elastic_rl.routing_record import NO_ROUTE, RoutingShape
 from tests.processes import SPEC
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
