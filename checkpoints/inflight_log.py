@@ -7,12 +7,12 @@ with the orchestrator: the samples of rollout N generated so far, finished
 or not. The orchestrator appends a record per sample that advanced, every
 ``rollout.inflight_persist_interval_s``: the sample's key (prompt epoch,
 prompt index, sample index), the position in its response where the
-record's tokens start, the tokens, their log probs and weight version,
-how the sample ended once it has and, with algorithm.routing_replay, the rows
-of its routing record that arrived, from the row they start at. A record is one line, and a batch of
-records reaches the disk (fsync) before the next is written; a line a crash
-tore is ignored on read, and a batch a full disk refused is cut off again, so
-the file never holds a gap. A restarted orchestrator reads the log of the
+record's tokens start, the tokens, their log probs and weight version, how
+the sample ended once it has and, with algorithm.routing_replay, the rows of
+its routing record that arrived, from the row they start at. A record is one
+line, and a batch of records reaches the disk (fsync) before the next is
+written; a line a crash tore is ignored on read, and a batch a full disk
+refused is cut off again, so the file never holds a gap. A restarted orchestrator reads the log of the
 rollout it resumes (``read``), continues each sample from its tokens, and
 starts the file over with what it kept (``InflightLog.start``). The commit
 of rollout N removes its log.
@@ -49,7 +49,7 @@ class Piece:
     status: str | None = None
     """How the sample ended (a ``SampleStatus`` value), once it has."""
     routing_at: int = 0
-    routing: torch.Tensor | None = None
+    routing: torch.Tensor | None = field(default=None, compare=False)
     """Rows of the sample's routing record (``elastic_rl.routing_record``), from row ``routing_at`` on."""
 
     def to_line(self) -> bytes:
@@ -91,7 +91,7 @@ class Logged:
     runs: list[tuple[int, int]] = field(default_factory=list)
     """(weight version, tokens) of each run of tokens one version generated, in order."""
     status: str | None = None
-    routing: torch.Tensor | None = None
+    routing: torch.Tensor | None = field(default=None, compare=False)
     """Its routing record as far as it was logged without a gap."""
 
     def take(self, piece: Piece) -> bool:

@@ -18,7 +18,7 @@ beyond them (``continued``), so a token keeps the routing that produced it.
 In memory and in JSON (the group buffer, the in-flight log) a record is int16;
 in the rollout batch it is ``[samples, width, layers, topk]`` in the smallest
 integer type that holds every expert index and a mark for "no row" (the last
-token, padding, a sample without a record): uint8 up to 255 experts, else int16.
+token, padding, a sample without a record): uint8 below 255 experts, else int16.
 """
 
 from __future__ import annotations
@@ -70,11 +70,15 @@ def encode_wire(rows: torch.Tensor) -> str:
 
 
 def decode_wire(text: str, shape: RoutingShape) -> torch.Tensor:
-    """SGLang's ``routed_experts`` as an int16 record; ValueError when its size is not whole rows of ``shape``."""
+    """SGLang's ``routed_experts`` as an int16 record; ValueError when it is not whole rows of ``shape``, or
+    names an expert the model does not have. -1, SGLang's mark for a slot no expert filled, stays: it is
+    ``NO_ROUTE``."""
     flat = np.frombuffer(base64.b64decode(text), dtype=np.int32)
     row = shape.layers * shape.per_token
     if flat.size % row:
         raise ValueError(f"{WIRE_KEY} holds {flat.size} indices, not whole rows of {shape.layers} x {shape.per_token}")
+    if flat.size and not (NO_ROUTE <= flat.min() and flat.max() < shape.experts):
+        raise ValueError(f"{WIRE_KEY} names experts outside [0, {shape.experts})")
     return torch.from_numpy(flat.astype(np.int16)).view(-1, shape.layers, shape.per_token)
 
 
@@ -117,5 +121,4 @@ def stored(records: list[torch.Tensor | None], width: int, shape: RoutingShape) 
 def replayable(batch: torch.Tensor) -> torch.Tensor:
     """A stored batch as the trainer's routers take it: int64 indices, ``NO_ROUTE`` where there is no row."""
     blank = 255 if batch.dtype is torch.uint8 else NO_ROUTE
-    indices = batch.long()
-    return indices.masked_fill(batch == blank, NO_ROUTE) if blank != NO_ROUTE else indices
+    return batch.long().masked_fill(batch == blank, NO_ROUTE)

@@ -153,10 +153,10 @@ class EngineClient:
         rid: str | None = None,
     ) -> dict[str, Any]:
         """``/generate`` streamed, with log probs (and the routing record when ``received`` reads one): each
-        token goes into ``received`` as it arrives, and what
-        arrived stays there if the stream breaks (EngineError) or is refused (EngineRejected). Returns the
-        answer ``generate`` would have. One attempt: a retry would start the request over. A stream
-        silent for ``silence_s`` (default: the client's timeout) counts as broken."""
+        token goes into ``received`` as it arrives, and what arrived stays there if the stream breaks
+        (EngineError) or is refused (EngineRejected). Returns the answer ``generate`` would have. One
+        attempt: a retry would start the request over. A stream silent for ``silence_s`` (default: the
+        client's timeout) counts as broken."""
         body: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": sampling_params,

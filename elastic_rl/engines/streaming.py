@@ -11,9 +11,9 @@ exactly the new tokens or exactly every token so far (and its log probs
 likewise): one that holds another count is not what the engine generated,
 and breaks the stream rather than shift the sample's tokens. What has
 arrived is kept when the stream breaks: the caller continues the request
-from it. A mixture of experts' routing record (``elastic_rl.routing_record``), when
-asked for, comes in a chunk either whole (a row for each token of the input
-and each generated token but the last) or as the rows after those sent
+from it. A mixture of experts' routing record (``elastic_rl.routing_record``),
+when asked for, comes in a chunk either whole (a row for each token of the
+input and each generated token but the last) or as the rows after those sent
 before; one that is neither breaks the stream like a token count that does
 not add up.
 """
@@ -41,7 +41,7 @@ class Received:
     meta: dict[str, Any] = field(default_factory=dict)
     routing_shape: RoutingShape | None = None
     """Set when the request asked for the routing record: how to read it."""
-    routing: torch.Tensor | None = None
+    routing: torch.Tensor | None = field(default=None, compare=False)
     """The request's routing record so far (its input's tokens and what it generated, less the last)."""
     input_tokens: int = 0
     """The request's input length, set as it is sent: the routing record's rows start with its tokens."""

@@ -10,7 +10,7 @@ one model a ``LayerReplay`` each (a ``RouterReplay`` kept out of that list),
 and ``replaying`` hands them a micro-batch's routing for its forward pass.
 
 A micro-batch's routing is laid out as its tokens (``model.packing``), with
-``routing.NO_ROUTE`` where the engine routed nothing (a sample's last token,
+``routing_record.NO_ROUTE`` where the engine routed nothing (a sample's last token,
 padding): those tokens the router chooses for itself. The scores of the
 replayed experts are the router's own, so the gradient and the load-balancing
 loss flow as they do without replay, and ``ExpertLoad`` counts the replayed

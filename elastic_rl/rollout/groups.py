@@ -71,7 +71,7 @@ class Sample:
     """What a rollout.generate_function reported about the sample (turns, tool calls)."""
     error: str | None = None
     """Why a rollout.generate_function could not make it: it cannot be scored."""
-    routing: torch.Tensor | None = None
+    routing: torch.Tensor | None = field(default=None, compare=False)
     """With algorithm.routing_replay: the experts each of its tokens was routed to (``elastic_rl.routing_record``)."""
 
     @property

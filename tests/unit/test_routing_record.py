@@ -67,6 +67,8 @@ def test_the_wire_format_round_trips_and_a_record_of_part_rows_is_refused():
     assert torch.equal(routing.decode_wire(routing.encode_wire(rows), SHAPE), rows)
     with pytest.raises(ValueError, match="not whole rows"):
         routing.decode_wire(routing.encode_wire(rows)[:-8], SHAPE)
+    with pytest.raises(ValueError, match="outside"):
+        routing.decode_wire(routing.encode_wire(rows + SHAPE.experts), SHAPE)
     assert torch.equal(routing.from_json(orjson.loads(orjson.dumps(routing.to_json(rows)))), rows)
 
 
