@@ -77,12 +77,19 @@ def step_times(checkpoint: Path, steps: int) -> list[float]:
     source = ModelSource.from_spec(ModelSpec(hf_checkpoint=checkpoint))
     model = source.build_policy()
     trainer, _ = solo_replica(spec, model)
-    context = trainer.prepare(0, worker.rollout(len(source.tokenizer)))
+    return timed_steps(trainer, worker.rollout(len(source.tokenizer)), steps)
+
+
+def timed_steps(trainer, batch, steps: int) -> list[float]:
+    """The seconds of each of ``steps`` steps on ``batch`` but the first (which makes AdamW's state)."""
+    from tests.integration import data_parallel_worker as worker
+
+    context = trainer.prepare(0, batch)
     times = []
     for index in range(steps):
         started = time.perf_counter()
         trainer.step(context, index % worker.STEPS)
-        if index > 0:  # the first step makes AdamW's state
+        if index > 0:
             times.append(time.perf_counter() - started)
     return times
 

@@ -92,6 +92,7 @@ def record_sizes(workdir: Path) -> tuple[float, float]:
 
 def step_times(replay: bool, steps: int, spec_path: Path, checkpoint: Path) -> list[float]:
     import torch
+    from moe_bench import timed_steps
 
     from elastic_rl import routing_record as routing
     from elastic_rl.model.source import ModelSource
@@ -109,14 +110,7 @@ def step_times(replay: bool, steps: int, spec_path: Path, checkpoint: Path) -> l
         draws = torch.rand(*batch.tokens.shape, shape.layers, shape.experts, generator=torch.Generator().manual_seed(0))
         chosen = draws.argsort(dim=-1)[..., : shape.per_token].to(torch.int16)  # distinct experts per token
         batch.routed_experts = routing.stored(list(chosen), batch.tokens.shape[1], shape)
-    context = trainer.prepare(0, batch)
-    times = []
-    for index in range(steps):
-        started = time.perf_counter()
-        trainer.step(context, index % worker.STEPS)
-        if index > 0:  # the first step makes AdamW's state
-            times.append(time.perf_counter() - started)
-    return times
+    return timed_steps(trainer, batch, steps)
 
 
 def step_cost(root: Path, steps: int) -> tuple[float, float]:
