@@ -72,3 +72,9 @@ def is_split_over_experts(param: torch.nn.Parameter) -> bool:
     """One of this rank's experts under expert parallelism: the other expert-parallel ranks hold others
     (megatron marks such a parameter ``allreduce`` False: it is not summed over the data-parallel ranks)."""
     return not getattr(param, "allreduce", True)
+
+
+def is_shared_by_heads(name: str) -> bool:
+    """Qwen3's per-head q/k norm: every tensor-parallel rank holds it whole, but applies it to its own heads
+    only, so each rank's gradient is its heads' share and the gradient is their sum over the ranks."""
+    return name.endswith(("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"))

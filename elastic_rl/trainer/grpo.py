@@ -35,7 +35,7 @@ from elastic_rl.algo.advantages import distilled, token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
-from elastic_rl.layer_names import is_split_over_experts
+from elastic_rl.layer_names import is_shared_by_heads, is_split_over_experts
 from elastic_rl.model.expert_load import ExpertLoad
 from elastic_rl.model.packing import ModelInput, packed_input, padded_input
 from elastic_rl.model.pipeline import (
@@ -49,7 +49,7 @@ from elastic_rl.model.token_scores import Entropy, token_scores
 from elastic_rl.routing_record import replayable
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
-from elastic_rl.trainer.grad_norm import grad_norm
+from elastic_rl.trainer.grad_norm import grad_norm, gradient_of
 from elastic_rl.trainer.master_weights import MasterWeights
 from elastic_rl.trainer.micro_batches import fixed_micro_batches, token_budget_micro_batches
 from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere
@@ -231,6 +231,13 @@ class GrpoTrainer:
         trained = [p for p in model.parameters() if p.requires_grad]
         self.parameters = sorted(trained, key=lambda p: not is_split_over_experts(p))
         self.expert_gradient_size = sum(p.numel() for p in self.parameters if is_split_over_experts(p))
+        tensor_ranks = parallel_state.get_tensor_model_parallel_world_size()
+        self.shared_by_heads = [
+            p
+            for name, p in model.named_parameters()
+            if p.requires_grad and is_shared_by_heads(name) and tensor_ranks > 1
+        ]
+        """Parameters whose gradient is summed over the tensor-parallel ranks, each of which holds its heads'."""
         self.device = self.parameters[0].device
         self.consecutive_skips = 0
         self.straggler_streaks: dict[int, int] = {}  # replica -> its slow committed steps in a row
@@ -453,6 +460,8 @@ class GrpoTrainer:
         measure_gap = spec.algorithm.use_rollout_logprobs and index == 0
         mine = self._data_rank_part(shards[rank])
         sums = self._shard_loss(ctx, mine, global_tokens, global_batch, backward=True, measure_gap=measure_gap)
+        for param in self.shared_by_heads:
+            torch.distributed.all_reduce(gradient_of(param), group=parallel_state.get_tensor_model_parallel_group())
         local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
         own_time = self._replica_time(time.monotonic() - step_started)
 
