@@ -74,7 +74,10 @@ def is_split_over_experts(param: torch.nn.Parameter) -> bool:
     return not getattr(param, "allreduce", True)
 
 
-def is_shared_by_heads(name: str) -> bool:
-    """Qwen3's per-head q/k norm: every tensor-parallel rank holds it whole, but applies it to its own heads
-    only, so each rank's gradient is its heads' share and the gradient is their sum over the ranks."""
-    return name.endswith(("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"))
+def is_summed_over_tensor_ranks(name: str, param: torch.nn.Parameter) -> bool:
+    """A parameter every tensor-parallel rank holds whole while its gradient there is only a share, summed
+    over the ranks: Qwen3's per-head q/k norm (each rank applies it to its own heads), and under sequence
+    parallelism what sees this rank's slice of the sequence (megatron marks it ``sequence_parallel``: the
+    norms of the hidden states, a mixture of experts' routers)."""
+    heads = name.endswith(("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"))
+    return heads or getattr(param, "sequence_parallel", False)

@@ -86,11 +86,13 @@ def longest_sample(spec: JobSpec) -> int:
 
 
 def activation_layout(trainer: TrainerSpec) -> ActivationLayout:
-    """How the trainer holds its activations: its attention, its recomputation, its chunked logits."""
+    """How the trainer holds its activations: its attention, its recomputation, its chunked logits, its
+    sequence parallelism."""
     return ActivationLayout(
         fused_attention=trainer.attention is Attention.SDPA,
         kept=Kept(trainer.recompute.value),
         logits_cap_bytes=LOGITS_BUDGET_BYTES,
+        sequence_parallel=trainer.sequence_parallel,
     )
 
 

@@ -75,6 +75,9 @@ class ActivationLayout:
     kept: Kept = Kept.ALL
     logits_cap_bytes: int | None = None
     """The most fp32 logits the scoring holds at once (it computes them in chunks past it); None: all."""
+    sequence_parallel: bool = False
+    """megatron's sequence parallelism: the hidden-sized tensors a layer keeps (its norms' inputs and
+    outputs, the residual sums, its input) are split along the sequence over the tensor-parallel ranks."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,7 @@ def activation_bytes(
     schedule stage s of p holds p - s micro-batches' activations at its peak; the last stage also holds
     the logits. A recomputing layer adds one layer's whole activations while it runs again."""
     tp = layout.tensor_parallel
+    hidden = shape.hidden_size // tp if held.sequence_parallel else shape.hidden_size
     qkv = (shape.num_attention_heads + 2 * shape.num_query_groups) * shape.head_dim // tp
     heads = shape.num_attention_heads // tp
     if held.fused_attention:
@@ -233,13 +237,13 @@ def activation_bytes(
     else:
         attention = ATTENTION_MATRICES * heads * sequence
     ffn = FFN_COPIES * max(shape.experts_per_token, 1) * shape.ffn_hidden_size // tp
-    whole_layer = HIDDEN_COPIES * shape.hidden_size + QKV_COPIES * qkv + ffn + attention
+    whole_layer = HIDDEN_COPIES * hidden + QKV_COPIES * qkv + ffn + attention
     if held.kept is Kept.ALL:
         per_token_layer, again = whole_layer, 0
     elif held.kept is Kept.SELECTIVE:
-        per_token_layer, again = SELECTIVE_HIDDEN_COPIES * shape.hidden_size + qkv + heads * shape.head_dim, whole_layer
+        per_token_layer, again = SELECTIVE_HIDDEN_COPIES * hidden + qkv + heads * shape.head_dim, whole_layer
     else:
-        per_token_layer, again = shape.hidden_size, whole_layer
+        per_token_layer, again = hidden, whole_layer
     stages = layout.pipeline_parallel
     layers = layers_per_stage(shape.num_layers, stages)[stage]
     in_flight = stages - stage

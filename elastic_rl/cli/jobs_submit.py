@@ -84,7 +84,8 @@ def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
         f"a distillation teacher)",
         f"  activations     {size(memory.activation_bytes)}  (estimate: a micro-batch of {planned.tokens:,} "
         f"{'tokens packed' if trainer.packing else 'token slots'}, samples up to {planned.sequence:,} tokens: "
-        f"{bound}; attention {trainer.attention.value}, recompute {trainer.recompute.value})",
+        f"{bound}; attention {trainer.attention.value}, recompute {trainer.recompute.value}"
+        f"{', sequence parallel' if trainer.sequence_parallel else ''})",
         f"  total           {size(memory.total)}",
     ]
     return "\n".join(lines) + "\n"

@@ -34,20 +34,34 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from elastic_rl.model.norm import RMSNorm, SequenceSliceRMSNorm
 from elastic_rl.spec.trainer import Attention
 
 
 def layer_spec(attention: Attention, num_experts: int | None, qk_layernorm: bool) -> ModuleSpec:
     """megatron's local layer spec (RMSNorm, its own linear layers and MLP or experts), with the core
-    attention ``attention`` names."""
+    attention ``attention`` names and norms that also work under sequence parallelism (``model.norm``)."""
     spec = get_gpt_layer_local_spec(
         num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm", qk_layernorm=qk_layernorm
     )
+    attention_parts = spec.submodules.self_attention.submodules
     if attention is Attention.SDPA:
-        spec.submodules.self_attention.submodules.core_attention = FusedAttention
+        attention_parts.core_attention = FusedAttention
+    spec.submodules.input_layernorm = SequenceSliceRMSNorm
+    spec.submodules.pre_mlp_layernorm = SequenceSliceRMSNorm
+    if qk_layernorm:
+        attention_parts.q_layernorm = attention_parts.k_layernorm = RMSNorm
     return spec
+
+
+def block_spec(layer: ModuleSpec, config: TransformerConfig) -> TransformerBlockSubmodules:
+    """The decoder of this rank's stage: ``layer`` for each of its layers, then the final norm."""
+    return TransformerBlockSubmodules(
+        layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=SequenceSliceRMSNorm
+    )
 
 
 class FusedAttention(MegatronModule):

@@ -19,10 +19,30 @@ from megatron.core import parallel_state
 from megatron.core.transformer.moe.router import TopKRouter
 
 
+def replica_groups(*, sequence_slices: bool) -> list:
+    """The groups over which a count of routed tokens is summed to the replica's: its data-parallel ranks and
+    stages, and with ``sequence_slices`` (sequence parallelism) its tensor-parallel ranks, each of which
+    routes its slice of the sequence. Only groups of more than one rank."""
+    groups = [parallel_state.get_data_parallel_group(), parallel_state.get_pipeline_model_parallel_group()]
+    if sequence_slices:
+        groups.append(parallel_state.get_tensor_model_parallel_group())
+    return [group for group in groups if torch.distributed.get_world_size(group) > 1]
+
+
 class ExpertLoad:
-    def __init__(self, routers: list[TopKRouter], num_layers: int, experts: int, device: torch.device):
+    def __init__(
+        self,
+        routers: list[TopKRouter],
+        num_layers: int,
+        experts: int,
+        device: torch.device,
+        *,
+        sequence_parallel: bool = False,
+    ):
         # On the model's device: the sums over the replica's ranks run on its groups' backend.
         self.tokens = torch.zeros(num_layers, experts, dtype=torch.float64, device=device)
+        self.sequence_parallel = sequence_parallel
+        """Each tensor-parallel rank routes its slice of the sequence: their counts are summed too."""
         self._counting = False
         for router in routers:
             router.register_forward_hook(functools.partial(self._count, router.layer_number - 1))
@@ -34,7 +54,10 @@ class ExpertLoad:
         if not routers:
             return None
         config = model.config
-        return cls(routers, config.num_layers, config.num_moe_experts, next(model.parameters()).device)
+        device = next(model.parameters()).device
+        return cls(
+            routers, config.num_layers, config.num_moe_experts, device, sequence_parallel=config.sequence_parallel
+        )
 
     def _count(self, layer: int, _router, _inputs, outputs) -> None:
         if self._counting:
@@ -53,11 +76,11 @@ class ExpertLoad:
     def take_metrics(self) -> dict[str, float]:
         """Each layer's busiest expert's tokens over the mean of its experts' (1: even), and the largest
         over the layers, for the tokens counted since the last call (summed over the replica's
-        data-parallel ranks and stages); then starts counting afresh. Every rank of the replica calls it."""
+        data-parallel ranks and stages, and its tensor-parallel ranks under sequence parallelism); then
+        starts counting afresh. Every rank of the replica calls it."""
         tokens = self.tokens
-        for group in (parallel_state.get_data_parallel_group(), parallel_state.get_pipeline_model_parallel_group()):
-            if torch.distributed.get_world_size(group) > 1:
-                torch.distributed.all_reduce(tokens, group=group)
+        for group in replica_groups(sequence_slices=self.sequence_parallel):
+            torch.distributed.all_reduce(tokens, group=group)
         self.tokens = torch.zeros_like(tokens)
         mean = tokens.mean(dim=1).clamp_min(1e-12)
         per_layer = (tokens.max(dim=1).values / mean).tolist()

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.moe import moe_utils
@@ -53,7 +54,7 @@ from elastic_rl.architecture import Architecture
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.device import activate, assigned
 from elastic_rl.jobenv import RENDEZVOUS
-from elastic_rl.model.attention import FusedAttention, layer_spec
+from elastic_rl.model.attention import FusedAttention, block_spec, layer_spec
 from elastic_rl.model.cpu_shim import apply_cpu_shim, cuda_calls_on_cpu
 from elastic_rl.model.packing import ModelInput
 from elastic_rl.model.routing_replay import replaying
@@ -75,10 +76,14 @@ class ModelOptions:
     recompute: Recompute = Recompute.NONE
     aux_loss_coef: float = 0.0
     """A mixture of experts' load-balancing loss (``trainer.moe_aux_loss_coef``)."""
+    sequence_parallel: bool = False
+    """megatron's sequence parallelism (``trainer.sequence_parallel``)."""
 
     @classmethod
     def of(cls, trainer: TrainerSpec) -> ModelOptions:
-        return cls(trainer.dtype, trainer.attention, trainer.recompute, trainer.moe_aux_loss_coef)
+        return cls(
+            trainer.dtype, trainer.attention, trainer.recompute, trainer.moe_aux_loss_coef, trainer.sequence_parallel
+        )
 
 
 DEFAULT_OPTIONS = ModelOptions()
@@ -92,6 +97,7 @@ def transformer_config(
     pipeline_parallel: int = 1,
     aux_loss_coef: float = 0.0,
     recompute: Recompute = Recompute.NONE,
+    sequence_parallel: bool = False,
 ) -> TransformerConfig:
     """megatron's config of ``arch``: built with fp32 parameters always; in bf16 the forward pass autocasts,
     in bf16-params megatron's Float16Module casts the parameters afterwards (``trainer.master_weights``).
@@ -117,6 +123,7 @@ def transformer_config(
         attention_dropout=0.0,
         init_method_std=arch.init_method_std,
         tensor_model_parallel_size=tensor_parallel,
+        sequence_parallel=sequence_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
         # One send or receive at a time, on gloo and NCCL alike.
         batch_p2p_comm=False,
@@ -203,13 +210,19 @@ def build_gpt(
     # the device of the groups' backend (gloo: CPU slots).
     on_cpu = stages > 1 and torch.distributed.get_backend() == torch.distributed.Backend.GLOO
     with cuda_calls_on_cpu() if on_cpu else contextlib.nullcontext():
+        config = transformer_config(
+            arch,
+            tensor_parallel,
+            options.precision,
+            stages,
+            options.aux_loss_coef,
+            options.recompute,
+            options.sequence_parallel,
+        )
+        layer = layer_spec(options.attention, arch.experts.count if arch.experts else None, arch.qk_norm)
         model = GPTModel(
-            config=transformer_config(
-                arch, tensor_parallel, options.precision, stages, options.aux_loss_coef, options.recompute
-            ),
-            transformer_layer_spec=layer_spec(
-                options.attention, arch.experts.count if arch.experts else None, arch.qk_norm
-            ),
+            config=config,
+            transformer_layer_spec=block_spec(layer, config),
             vocab_size=arch.vocab_size,
             max_sequence_length=arch.max_position_embeddings,
             pre_process=whole or parallel_state.is_pipeline_first_stage(),
@@ -328,11 +341,21 @@ def decoder_states(model: GPTModel, item: ModelInput, last_stage: bool = True) -
     with (
         _precision(model),
         replaying(model, item.routing),
-        _selecting(model, item.select),
+        _selecting(model, lambda hidden: item.select(_whole_sequence(model, hidden))),
         _without_output_layer(model),
     ):
         hidden = model(tokens, _positions(tokens), attention_mask=mask, packed_seq_params=packed)
     return hidden.transpose(0, 1)
+
+
+def _whole_sequence(model: GPTModel, hidden: torch.Tensor) -> torch.Tensor:
+    """The decoder's output with every position: with sequence parallelism each tensor-parallel rank holds a
+    slice of the sequence, gathered here as megatron's output layer would gather it (its backward pass sums
+    the gradient over the ranks, each of which scores its slice of the vocabulary, and keeps this rank's
+    slice of the sequence)."""
+    if not model.config.sequence_parallel:
+        return hidden
+    return gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
 
 
 def _positions(tokens: torch.Tensor) -> torch.Tensor:

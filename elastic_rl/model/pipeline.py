@@ -12,6 +12,10 @@ stage, have their gradients summed afterwards (megatron does that in
 ``finalize_model_grads`` for its DDP wrapper, which the trainer does not use).
 On a CPU slot the schedule runs inside ``cpu_shim.cuda_calls_on_cpu``.
 
+With sequence parallelism (``trainer.sequence_parallel``) a micro-batch's
+sequence is padded at its end to a multiple of the tensor-parallel ranks, so
+that it splits evenly over them.
+
 With expert parallelism each layer's token dispatcher gathers the tokens of
 every expert-parallel rank, tensors of one shape each, once per micro-batch.
 Those ranks hold different samples, so before a pass they agree on the
@@ -48,11 +52,15 @@ def stages() -> int:
 def run_micro_batches(model: torch.nn.Module, inputs: list[ModelInput], score: Score, backward: bool) -> None:
     """Every micro-batch forward (and, with ``backward``, backward: gradients add up in ``.grad``)."""
     inputs, score = _same_shapes_over_expert_ranks(inputs, score)
+    inputs, score = _sequences_split_evenly(model, inputs, score)
+    on_cpu = model_device(model).type == "cpu"
     if stages() == 1:
-        for index, item in enumerate(inputs):
-            loss = score(index, decoder_states(model, item))
-            if backward:
-                loss.backward()
+        # megatron's sequence-parallel linear layers ask CUDA where to put their gathered inputs.
+        with cuda_calls_on_cpu() if on_cpu and model.config.sequence_parallel else contextlib.nullcontext():
+            for index, item in enumerate(inputs):
+                loss = score(index, decoder_states(model, item))
+                if backward:
+                    loss.backward()
         return
     last = parallel_state.is_pipeline_last_stage()
 
@@ -66,7 +74,6 @@ def run_micro_batches(model: torch.nn.Module, inputs: list[ModelInput], score: S
         return score(index, hidden), torch.tensor(1, dtype=torch.int), {}
 
     schedule = get_forward_backward_func()
-    on_cpu = model_device(model).type == "cpu"
     with cuda_calls_on_cpu() if on_cpu else contextlib.nullcontext():
         schedule(
             forward_step_func=forward_step,
@@ -89,6 +96,22 @@ def micro_batches_over_expert_ranks(count: int) -> int:
     counts: list[int] = [0] * parallel_state.get_expert_model_parallel_world_size()
     torch.distributed.all_gather_object(counts, count, group=parallel_state.get_expert_model_parallel_group())
     return max(counts)
+
+
+def _sequences_split_evenly(model: torch.nn.Module, inputs: list[ModelInput], score: Score):
+    """With sequence parallelism each micro-batch's sequence splits evenly over the tensor-parallel ranks: it
+    is padded at its end to a multiple of them (a causal model's real positions do not see it; packed,
+    the added tokens are a sample of their own); ``score`` sees its own scored positions only."""
+    ranks = parallel_state.get_tensor_model_parallel_world_size()
+    if not model.config.sequence_parallel or ranks == 1:
+        return inputs, score
+    padded = [item.padded_to(item.tokens.shape[0], -(-item.tokens.shape[1] // ranks) * ranks) for item in inputs]
+
+    def own_score(index: int, hidden: torch.Tensor) -> torch.Tensor:
+        rows, scored = inputs[index].targets.shape
+        return score(index, hidden[:rows, :scored])
+
+    return padded, own_score
 
 
 def _same_shapes_over_expert_ranks(inputs: list[ModelInput], score: Score) -> tuple[list[ModelInput], Score]:

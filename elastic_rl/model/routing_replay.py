@@ -36,6 +36,7 @@ from megatron.core import parallel_state
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
+from elastic_rl.model.expert_load import replica_groups
 from elastic_rl.routing_record import NO_ROUTE
 
 
@@ -79,8 +80,10 @@ class LayerReplay(RouterReplay):
 class RoutingReplay:
     """The replay of one model's routers (this rank's: a pipeline stage's layers)."""
 
-    def __init__(self, routers: list[TopKRouter], recomputed: bool, device: torch.device):
+    def __init__(self, routers: list[TopKRouter], recomputed: bool, device: torch.device, *, sequence_parallel: bool):
         self.recomputed = recomputed
+        self.sequence_parallel = sequence_parallel
+        """The routers see this tensor-parallel rank's slice of the sequence."""
         self.queuing = False
         """Inside ``replaying`` for a pass whose backward recomputes the forward."""
         self.counting = False
@@ -100,8 +103,10 @@ class RoutingReplay:
         routers = [module for module in model.modules() if isinstance(module, TopKRouter)]
         if not routers:
             return None
-        recomputed = model.config.recompute_granularity == "full"
-        model.routing_replay = cls(routers, recomputed, next(model.parameters()).device)
+        config = model.config
+        recomputed = config.recompute_granularity == "full"
+        device = next(model.parameters()).device
+        model.routing_replay = cls(routers, recomputed, device, sequence_parallel=config.sequence_parallel)
         return model.routing_replay
 
     @contextlib.contextmanager
@@ -109,8 +114,13 @@ class RoutingReplay:
         """Inside the block a forward routes as ``routing`` says: ``[batch, seq, layers, topk]`` as the
         model's input tokens (int64, ``NO_ROUTE`` where the router chooses); None: as the router would."""
         if routing is not None:
-            # megatron's router sees the tokens as [seq * batch, hidden], sequence-major.
-            by_token = routing.transpose(0, 1).flatten(0, 1)
+            # megatron's router sees the tokens as [seq * batch, hidden], sequence-major; under sequence
+            # parallelism this rank's slice of the sequence.
+            by_token = routing.transpose(0, 1)
+            if self.sequence_parallel:
+                ranks = parallel_state.get_tensor_model_parallel_world_size()
+                by_token = by_token.chunk(ranks)[parallel_state.get_tensor_model_parallel_rank()]
+            by_token = by_token.flatten(0, 1)
             for layer in self.layers:
                 layer.target_topk_idx = by_token[:, layer.moe_layer]
             self.queuing = self.recomputed and torch.is_grad_enabled()
@@ -134,9 +144,8 @@ class RoutingReplay:
         """The share of (token, layer) choices counted since the last call that the routers would have made
         themselves, over the replica's ranks; None when none was counted. Every rank of the replica calls it."""
         counts = torch.stack([self.agreed, self.replayed])
-        for group in (parallel_state.get_data_parallel_group(), parallel_state.get_pipeline_model_parallel_group()):
-            if torch.distributed.get_world_size(group) > 1:
-                torch.distributed.all_reduce(counts, group=group)
+        for group in replica_groups(sequence_slices=self.sequence_parallel):
+            torch.distributed.all_reduce(counts, group=group)
         self.agreed.zero_()
         self.replayed.zero_()
         agreed, replayed = counts.tolist()

@@ -60,8 +60,10 @@ def token_scores(
     ``[batch, positions, hidden]``, from the model's last stage."""
     weight = output_weight(model)
     # As megatron's column-parallel output layer: the backward pass sums the input's gradient over the
-    # tensor-parallel ranks, each of which scored its slice of the vocabulary.
-    hidden = copy_to_tensor_model_parallel_region(hidden)
+    # tensor-parallel ranks, each of which scored its slice of the vocabulary. With sequence parallelism
+    # the gather of the sequence (``gpt.decoder_states``) does that.
+    if not model.config.sequence_parallel:
+        hidden = copy_to_tensor_model_parallel_region(hidden)
     flat, flat_targets = hidden.flatten(0, 1), targets.flatten().to(hidden.device)
     chunk = max(1, budget_bytes // (weight.shape[0] * 4))
     with_gradient = entropy is Entropy.LOSS and torch.is_grad_enabled()

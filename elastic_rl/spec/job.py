@@ -126,9 +126,12 @@ class JobSpec(Component):
             problems = policy.check_tensor_parallel(tp)
             if policy.num_layers % pp:
                 problems.append(f"its {policy.num_layers} layers do not split into trainer.pipeline_parallel {pp}")
-            if policy.experts is not None and tp > 1:
-                # megatron's MoE layer refuses to train at TP > 1 without sequence parallelism, not built here.
-                problems.append(f"a mixture of experts trains at trainer.tensor_parallel 1 (not {tp})")
+            if policy.experts is not None and tp > 1 and not self.trainer.sequence_parallel:
+                # megatron's MoE layer refuses to train at TP > 1 without sequence parallelism.
+                problems.append(
+                    f"a mixture of experts trains at trainer.tensor_parallel {tp} only with trainer.sequence_parallel: "
+                    "set it to true"
+                )
             if policy.experts is None and self.trainer.moe_aux_loss_coef > 0:
                 problems.append("trainer.moe_aux_loss_coef applies to a mixture of experts only: set it to 0")
             ep = self.trainer.expert_parallel

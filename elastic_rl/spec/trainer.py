@@ -40,6 +40,10 @@ class TrainerSpec(Component):
     the quorum at a step boundary)."""
     tensor_parallel: PositiveInt = 1
     """Tensor-parallel ranks inside one replica."""
+    sequence_parallel: bool = False
+    """With tensor_parallel > 1, megatron's sequence parallelism: the activations outside attention and
+    the MLP (norms, residuals, dropout) are split along the sequence over the tensor-parallel ranks
+    instead of held whole by each. A mixture of experts trains at tensor_parallel > 1 only with it."""
     pipeline_parallel: PositiveInt = 1
     """Pipeline stages of one replica, each with an equal share of the layers (it divides the model's
     layers), run by megatron's one-forward-one-backward schedule over each step's micro-batches."""
@@ -145,6 +149,27 @@ class TrainerSpec(Component):
             problems.append("remove trainer.shard_optimizer false (megatron's distributed optimizer always shards)")
         if problems:
             raise ValueError(f"trainer.dtype bf16-params: {'; '.join(problems)}; or set trainer.dtype bf16")
+        return self
+
+    @model_validator(mode="after")
+    def _sequence_splits_over_tensor_ranks(self) -> TrainerSpec:
+        if not self.sequence_parallel:
+            return self
+        if self.tensor_parallel == 1:
+            raise ValueError(
+                "trainer.sequence_parallel splits the sequence over the tensor-parallel ranks: set "
+                "trainer.tensor_parallel above 1, or drop it"
+            )
+        unbuilt = {
+            "trainer.pipeline_parallel 1": self.pipeline_parallel > 1,
+            "trainer.expert_parallel 1": self.expert_parallel > 1,
+            "trainer.dtype fp32 or bf16": self.dtype is Precision.BF16_PARAMS,
+        }
+        if any(unbuilt.values()):
+            needs = ", ".join(setting for setting, clashes in unbuilt.items() if clashes)
+            raise ValueError(
+                f"trainer.sequence_parallel is built for one stage of fp32 or bf16 parameters: set {needs}"
+            )
         return self
 
     @model_validator(mode="after")

@@ -35,7 +35,7 @@ from elastic_rl.algo.advantages import distilled, token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
-from elastic_rl.layer_names import is_shared_by_heads, is_split_over_experts
+from elastic_rl.layer_names import is_split_over_experts, is_summed_over_tensor_ranks
 from elastic_rl.model.expert_load import ExpertLoad
 from elastic_rl.model.packing import ModelInput, packed_input, padded_input
 from elastic_rl.model.pipeline import (
@@ -232,12 +232,12 @@ class GrpoTrainer:
         self.parameters = sorted(trained, key=lambda p: not is_split_over_experts(p))
         self.expert_gradient_size = sum(p.numel() for p in self.parameters if is_split_over_experts(p))
         tensor_ranks = parallel_state.get_tensor_model_parallel_world_size()
-        self.shared_by_heads = [
+        self.summed_over_tensor_ranks = [
             p
             for name, p in model.named_parameters()
-            if p.requires_grad and is_shared_by_heads(name) and tensor_ranks > 1
+            if p.requires_grad and tensor_ranks > 1 and is_summed_over_tensor_ranks(name, p)
         ]
-        """Parameters whose gradient is summed over the tensor-parallel ranks, each of which holds its heads'."""
+        """Parameters each tensor-parallel rank holds whole and computes a share of the gradient of."""
         self.device = self.parameters[0].device
         self.consecutive_skips = 0
         self.straggler_streaks: dict[int, int] = {}  # replica -> its slow committed steps in a row
@@ -460,7 +460,7 @@ class GrpoTrainer:
         measure_gap = spec.algorithm.use_rollout_logprobs and index == 0
         mine = self._data_rank_part(shards[rank])
         sums = self._shard_loss(ctx, mine, global_tokens, global_batch, backward=True, measure_gap=measure_gap)
-        for param in self.shared_by_heads:
+        for param in self.summed_over_tensor_ranks:
             torch.distributed.all_reduce(gradient_of(param), group=parallel_state.get_tensor_model_parallel_group())
         local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
         own_time = self._replica_time(time.monotonic() - step_started)

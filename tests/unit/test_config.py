@@ -225,13 +225,17 @@ def test_an_unsupported_checkpoint_is_named(tmp_path, config, message):
         validate_spec({"name": "j", "model": {"hf_checkpoint": str(checkpoint)}})
 
 
-def test_a_mixture_of_experts_trains_at_tp1_and_only_it_takes_a_load_balancing_loss(tmp_path):
+def test_a_mixture_of_experts_trains_at_tp2_with_sequence_parallelism_and_only_it_takes_a_load_balancing_loss(
+    tmp_path,
+):
     moe = {"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2}
     mixture = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "moe", **moe))}
     spec = validate_spec({"name": "j", "model": mixture, "trainer": {"moe_aux_loss_coef": 0.01}})
     assert spec.trainer.moe_aux_loss_coef == 0.01
-    with pytest.raises(SpecError, match=r"a mixture of experts trains at trainer.tensor_parallel 1 \(not 2\)"):
+    with pytest.raises(SpecError, match="trains at trainer.tensor_parallel 2 only with trainer.sequence_parallel"):
         validate_spec({"name": "j", "model": mixture, "trainer": {"tensor_parallel": 2}})
+    split = validate_spec({"name": "j", "model": mixture, "trainer": {"tensor_parallel": 2, "sequence_parallel": True}})
+    assert split.trainer.sequence_parallel
     with pytest.raises(SpecError, match="trainer.moe_aux_loss_coef in pipeline stages is not built"):
         validate_spec({"name": "j", "model": mixture, "trainer": {"moe_aux_loss_coef": 0.01, "pipeline_parallel": 2}})
     with pytest.raises(SpecError, match="trainer.dtype bf16-params is built for dense models"):
@@ -240,6 +244,23 @@ def test_a_mixture_of_experts_trains_at_tp1_and_only_it_takes_a_load_balancing_l
     for model in (dense, {}):  # a dense checkpoint, and the toy model
         with pytest.raises(SpecError, match="trainer.moe_aux_loss_coef applies to a mixture of experts only"):
             validate_spec({"name": "j", "model": model, "trainer": {"moe_aux_loss_coef": 0.01}})
+
+
+@pytest.mark.parametrize(
+    "trainer, named",
+    [
+        ({}, "set trainer.tensor_parallel above 1"),
+        ({"tensor_parallel": 2, "pipeline_parallel": 2}, "set trainer.pipeline_parallel 1"),
+        (
+            {"tensor_parallel": 2, "data_parallel": 2, "expert_parallel": 2, "shard_optimizer": False},
+            "expert_parallel 1",
+        ),
+        ({"tensor_parallel": 2, "dtype": "bf16-params"}, "trainer.dtype fp32 or bf16"),
+    ],
+)
+def test_sequence_parallelism_is_refused_where_it_is_not_built(trainer, named):
+    with pytest.raises(SpecError, match=named):
+        validate_spec({"name": "j", "trainer": {"sequence_parallel": True, **trainer}})
 
 
 def test_experts_split_over_data_parallel_ranks_of_a_mixture_of_experts_only(tmp_path):
@@ -393,8 +414,8 @@ def test_the_toy_answer_has_toy_digits_and_must_fit_in_max_new_tokens():
 @pytest.mark.parametrize(
     "overrides, recorded",
     [
-        ([], "10ffc887e8dd27a3"),
-        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "254c3bc10a76c089"),
+        ([], "39dfef9fc7b364b7"),
+        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "1730e718d8fe5972"),
     ],
 )
 def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
@@ -409,6 +430,6 @@ def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
     # trainer.pipeline_parallel did, and trainer.moe_aux_loss_coef did, and trainer.packing, attention and
     # recompute did, and fault_tolerance.straggler_factor and straggler_steps did, and engines.straggler_factor
     # did, and algorithm.opsm and opsm_delta did, and algorithm.distillation did, and
-    # algorithm.routing_replay did.
+    # algorithm.routing_replay did, and trainer.sequence_parallel did.
     # A fixed trainer.replicas or engines.count is written as a number, as before they could be ranges.
     assert spec_hash(load_spec(SPEC, overrides)) == recorded

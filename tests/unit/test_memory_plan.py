@@ -12,9 +12,11 @@ from elastic_rl.spec.loading import load_spec
 from policies.memory import (
     FP32_WHOLE,
     GIB,
+    HIDDEN_COPIES,
     LOGIT_COPIES,
     MEGATRON_BF16,
     MIB,
+    SELECTIVE_HIDDEN_COPIES,
     ActivationLayout,
     Kept,
     Layout,
@@ -119,6 +121,23 @@ def test_recomputation_and_chunked_logits_hold_less():
     whole = activations(ActivationLayout())
     capped = activations(ActivationLayout(logits_cap_bytes=MIB))
     assert whole - capped == LOGIT_COPIES * (4096 * SMALL.vocab_size * 4 - MIB)
+
+
+def test_sequence_parallelism_splits_the_hidden_sized_activations_over_the_tensor_ranks():
+    tp2 = Layout(tensor_parallel=2)
+    for kept in Kept:
+
+        def activations(held: ActivationLayout) -> int:
+            return rank_memory(LLAMA_8B, tp2, FP32_WHOLE, 4096, 4096, False, held).activation_bytes
+
+        whole, split = (
+            activations(ActivationLayout(kept=kept)),
+            activations(ActivationLayout(kept=kept, sequence_parallel=True)),
+        )
+        hidden_copies = {Kept.ALL: HIDDEN_COPIES, Kept.SELECTIVE: SELECTIVE_HIDDEN_COPIES, Kept.INPUTS: 1}[kept]
+        again = 0 if kept is Kept.ALL else HIDDEN_COPIES  # a recomputing layer's whole activations, once
+        per_token = LLAMA_8B.num_layers * hidden_copies + again
+        assert whole - split == 4096 * per_token * (LLAMA_8B.hidden_size // 2) * 4, kept
 
 
 def test_the_first_pipeline_stage_holds_a_micro_batch_in_flight_per_stage():

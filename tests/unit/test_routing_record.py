@@ -251,4 +251,4 @@ class _FakeModel(torch.nn.Module):
         super().__init__()
         self.router = _FakeRouter()
         self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.config = type("Config", (), {"recompute_granularity": None})()
+        self.config = type("Config", (), {"recompute_granularity": None, "sequence_parallel": False})()
