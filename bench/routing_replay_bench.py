@@ -91,7 +91,6 @@ def record_sizes(workdir: Path) -> tuple[float, float]:
 
 
 def step_times(replay: bool, steps: int, spec_path: Path, checkpoint: Path) -> list[float]:
-    import torch
     from moe_bench import timed_steps
 
     from elastic_rl import routing_record as routing
@@ -99,6 +98,7 @@ def step_times(replay: bool, steps: int, spec_path: Path, checkpoint: Path) -> l
     from elastic_rl.spec.loading import load_spec
     from elastic_rl.spec.model import ModelSpec
     from tests.integration import data_parallel_worker as worker
+    from tests.integration.tensor_parallel_worker import random_routing
     from tests.trainer_doubles import solo_replica
 
     spec = load_spec(spec_path, [*worker.COMMON, f"algorithm.routing_replay={replay}"])
@@ -107,9 +107,7 @@ def step_times(replay: bool, steps: int, spec_path: Path, checkpoint: Path) -> l
     batch = worker.rollout(len(source.tokenizer))
     if replay:
         shape = routing.RoutingShape.of(source.architecture)
-        draws = torch.rand(*batch.tokens.shape, shape.layers, shape.experts, generator=torch.Generator().manual_seed(0))
-        chosen = draws.argsort(dim=-1)[..., : shape.per_token].to(torch.int16)  # distinct experts per token
-        batch.routed_experts = routing.stored(list(chosen), batch.tokens.shape[1], shape)
+        batch.routed_experts = random_routing(batch.tokens.shape, shape, seed=0)
     return timed_steps(trainer, batch, steps)
 
 

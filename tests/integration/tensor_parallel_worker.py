@@ -56,9 +56,9 @@ def train(out: Path, spec_path: Path, sequence_parallel: bool) -> None:
         torch.save(weights, out / "weights.pt")
 
 
-def random_routing(tokens: torch.Size, shape: RoutingShape) -> torch.Tensor:
-    """A routing record for every token: distinct experts drawn from a fixed seed, as a batch stores it."""
-    draws = torch.rand(*tokens, shape.layers, shape.experts, generator=torch.Generator().manual_seed(9))
+def random_routing(tokens: torch.Size, shape: RoutingShape, seed: int = 9) -> torch.Tensor:
+    """A routing record for every token: distinct experts drawn from ``seed``, as a batch stores it."""
+    draws = torch.rand(*tokens, shape.layers, shape.experts, generator=torch.Generator().manual_seed(seed))
     chosen = draws.argsort(dim=-1)[..., : shape.per_token].to(torch.int16)
     return routing_record.stored(list(chosen), tokens[1], shape)
 
