@@ -77,6 +77,8 @@ class TrainingState:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     main_weights: MainWeights | None = None
     """With bf16 parameters: what holds their fp32 weights and moments, saved in their place."""
+    optimizer_on_host: bool = False
+    """AdamW's state lives in host memory (``trainer.optimizer_offload``), wherever the parameters are."""
 
 
 def tp_mesh() -> DeviceMesh:
@@ -247,11 +249,12 @@ def load_snapshot(state: TrainingState, path: Path, group: torch.distributed.Pro
     # Only the parameters this rank's optimizer updates: sharded, the others' state is another rank's.
     for param in (param for group in state.optimizer.param_groups for param in group["params"]):
         if state.main_weights is None and param not in state.optimizer.state:
+            # On the parameter's device, as AdamW makes it (the fused CUDA kernel refuses a step counter in
+            # CPU memory: seen on an H100, every resume's first step failed), or in host memory, offloaded.
+            where = torch.device("cpu") if state.optimizer_on_host else param.device
             state.optimizer.state[param] = {
-                # On the parameter's device, as AdamW makes it: the fused CUDA kernel refuses a step
-                # counter in CPU memory (seen on an H100: every resume's first step failed).
-                "step": torch.zeros((), dtype=torch.float32, device=param.device),
-                **{key: torch.zeros_like(param.data) for key in ADAM_STATES},
+                "step": torch.zeros((), dtype=torch.float32, device=where),
+                **{key: torch.zeros_like(param.data, device=where) for key in ADAM_STATES},
             }
     wholes: dict[torch.nn.Parameter, dict[str, torch.Tensor]] = {}
     live = _local_entries(state, step=0, last_rollout=0, wholes=wholes)

@@ -183,6 +183,7 @@ class Erld:
             "devices": self.config.devices,
             "kind": self.config.device_kind.value,
             "slot_memory": self.config.slot_memory,
+            "host_memory": psutil.virtual_memory().total,  # shared by the slots: an offloaded optimizer's
             "started": time.time(),
             "host": socket.gethostname(),
             "advertise_host": self.config.advertise_host,

@@ -33,7 +33,7 @@ from elastic_rl.store.drains import drains, end_drain, start_drain
 from elastic_rl.store.job_phase import ACTIVE_PHASES, RESUMABLE_PHASES, TERMINAL_PHASES, JobPhase
 from policies.capacity import SIZED, OutOfRange, Size, current_sizes, rescale
 from policies.devices import DeviceKind
-from policies.memory import slot_shortfall
+from policies.memory import host_shortfall, slot_shortfall
 
 
 class NoDaemon(ElasticRLError):
@@ -91,22 +91,32 @@ async def submit(store: Store, spec: JobSpec, workdir: Path) -> str:
 
 async def _check_memory(store: Store, spec: JobSpec) -> None:
     """Refuse (``InputError``) a job whose trainer rank needs more memory than any node it could be placed
-    on has per slot, where the nodes know it (GPUs through NVML, CPU nodes given `--slot-memory`)."""
+    on has per slot, where the nodes know it (GPUs through NVML, CPU nodes given `--slot-memory`), or,
+    with its optimizer offloaded, more host memory than any such node has per slot."""
     nodes = await live_nodes(store)
     eligible = {
-        name: info.get("slot_memory")
-        for name, info in nodes.items()
-        if not spec.needs_cuda or info.get("kind") == DeviceKind.CUDA.value
+        name: info for name, info in nodes.items() if not spec.needs_cuda or info.get("kind") == DeviceKind.CUDA.value
     }
-    if all(memory is None for memory in eligible.values()):
+    slot_memory = {name: info.get("slot_memory") for name, info in eligible.items()}
+    host_memory = {name: (info.get("host_memory"), info.get("devices") or 1) for name, info in eligible.items()}
+    offloaded = spec.trainer.optimizer_offload
+    if all(memory is None for memory in slot_memory.values()) and not offloaded:
         return  # nothing to check against: the plan, which reads the model's config, is not even made
-    shortfall = slot_shortfall(plan(spec).memory.total, eligible)
+    memory = plan(spec).memory
+    shortfall = slot_shortfall(memory.total, slot_memory)
     if shortfall is not None:
         raise InputError(
             f"{spec.name}: {shortfall}. Split the model over more ranks (trainer.tensor_parallel, "
             "trainer.pipeline_parallel; a mixture of experts' experts: trainer.expert_parallel), or "
             "cut the activations (trainer.micro_batch_size or trainer.max_tokens_per_micro_batch, "
             "rollout.max_prompt_len); `erl plan SPEC` shows the bytes"
+        )
+    shortfall = host_shortfall(memory.host_bytes, host_memory) if offloaded else None
+    if shortfall is not None:
+        raise InputError(
+            f"{spec.name}: {shortfall}. Shard the optimizer's state over more ranks (trainer.data_parallel "
+            "with trainer.shard_optimizer), or keep it on the device (drop trainer.optimizer_offload); "
+            "`erl plan SPEC` shows the bytes"
         )
 
 
@@ -383,6 +393,7 @@ async def describe_nodes(store: Store) -> dict[str, Any]:
                 "advertise_host": info.get("advertise_host"),
                 "pid": info.get("pid"),
                 "slot_memory": info.get("slot_memory"),
+                "host_memory": info.get("host_memory"),
                 "devices": devices,
                 "procs_without_device": slotless,
                 "drain": drain,

@@ -111,5 +111,6 @@ def plan(spec: JobSpec) -> MemoryPlan:
         sequence=sequence,
         frozen_models=spec.algorithm.frozen_models,
         held=activation_layout(trainer),
+        optimizer_offload=trainer.optimizer_offload,
     )
     return MemoryPlan(layout, memory, tokens, sequence)

@@ -145,3 +145,14 @@ def precision_problem(device: ProcessDevice, precision: Precision) -> str | None
             "fp32, or run the job on nodes started with `erl daemon --gpus`"
         )
     return None
+
+
+def offload_problem(device: ProcessDevice) -> str | None:
+    """Why ``trainer.optimizer_offload`` cannot run on ``device``, or None when it can."""
+    if device.kind is DeviceKind.CUDA:
+        return None
+    return (
+        "trainer.optimizer_offload needs a CUDA slot: it moves AdamW's state from the device to host memory, "
+        "and on this rank's CPU slot host memory is the device; drop trainer.optimizer_offload, or run the "
+        "job on nodes started with `erl daemon --gpus`"
+    )

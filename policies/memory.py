@@ -16,6 +16,9 @@ more). ``MEGATRON_BF16`` is ``trainer.dtype: bf16-params``, megatron's bf16 trai
 distributed optimizer (bf16 parameters, fp32 gradients, fp32 main weights and moments sharded over
 data-parallel ranks; GPU slots only).
 
+With ``trainer.optimizer_offload`` the optimizer's state is counted in the rank's host memory instead
+(``RankMemory.host_bytes``), with the two buffers its step copies a parameter and its gradient through.
+
 Activations are an estimate, stated so it can be checked (docs/benchmarks/memory.md compares it with measured
 peaks): micro-batches of ``tokens`` tokens (packed: the samples' own; padded: samples times the
 longest), every layer's saved tensors at once as the recomputation leaves them (``Kept``), with
@@ -159,9 +162,13 @@ class RankMemory:
     frozen_bytes: int
     """The frozen models (the KL reference, a distillation teacher), in the parameters' dtype; 0 without."""
     activation_bytes: int
+    host_bytes: int = 0
+    """Host memory the rank holds for its optimizer (``trainer.optimizer_offload``: AdamW's moments and the
+    step's two copy buffers); its ``optimizer_bytes`` on the device are then 0."""
 
     @property
     def total(self) -> int:
+        """The bytes on the rank's device."""
         return (
             self.parameter_bytes
             + self.gradient_bytes
@@ -193,6 +200,21 @@ def layer_parameters(shape: ModelShape, tensor_parallel: int, expert_parallel: i
     replicated = 2 * hidden + (2 * head_dim if shape.qk_norm else 0)  # input and pre-MLP norms, q/k norms
     router = hidden * shape.experts
     return split + replicated + router
+
+
+def largest_tensor(shape: ModelShape, tensor_parallel: int) -> int:
+    """The most elements one parameter tensor of a rank can have: its share of the embedding (or output
+    layer), of a layer's query/key/value, output projection or MLP matrices, or a router."""
+    qkv_rows = (shape.num_attention_heads + 2 * shape.num_query_groups) * shape.head_dim
+    attention_width = shape.num_attention_heads * shape.head_dim
+    hidden = shape.hidden_size
+    return max(
+        shape.vocab_size * hidden // tensor_parallel,
+        qkv_rows * hidden // tensor_parallel,
+        attention_width * hidden // tensor_parallel,
+        2 * shape.ffn_hidden_size * hidden // tensor_parallel,
+        hidden * shape.experts,
+    )
 
 
 def stage_parameters(shape: ModelShape, layout: Layout) -> list[int]:
@@ -264,24 +286,44 @@ def rank_memory(
     sequence: int,
     frozen_models: int,
     held: ActivationLayout = ActivationLayout(),
+    *,
+    optimizer_offload: bool = False,
 ) -> RankMemory:
     """What the fullest rank of a replica in ``layout`` holds: its stage's parameters, their gradients
     and optimizer state (sharded over data-parallel ranks if the precision says so), the copies of the
     ``frozen_models`` held for their log probs alone (a KL reference, a distillation teacher: the policy's
-    architecture), and its micro-batches' activations, held as ``held`` says."""
+    architecture), and its micro-batches' activations, held as ``held`` says. With ``optimizer_offload``
+    the optimizer's state is in host memory, with two fp32 buffers of the largest tensor for the step's
+    copies of a parameter and its gradient."""
     optimizer_share = layout.data_parallel if precision.optimizer_sharded else 1
-    ranks = [
-        RankMemory(
-            parameters=parameters,
-            parameter_bytes=parameters * precision.parameter_bytes,
-            gradient_bytes=parameters * precision.gradient_bytes,
-            optimizer_bytes=-(-parameters * precision.optimizer_bytes // optimizer_share),
-            frozen_bytes=frozen_models * parameters * precision.parameter_bytes,
-            activation_bytes=activation_bytes(shape, layout, precision, tokens, sequence, stage, held),
+    copy_buffers = 2 * largest_tensor(shape, layout.tensor_parallel) * FP32_BYTES
+    ranks = []
+    for stage, parameters in enumerate(stage_parameters(shape, layout)):
+        optimizer = -(-parameters * precision.optimizer_bytes // optimizer_share)
+        ranks.append(
+            RankMemory(
+                parameters=parameters,
+                parameter_bytes=parameters * precision.parameter_bytes,
+                gradient_bytes=parameters * precision.gradient_bytes,
+                optimizer_bytes=0 if optimizer_offload else optimizer,
+                frozen_bytes=frozen_models * parameters * precision.parameter_bytes,
+                activation_bytes=activation_bytes(shape, layout, precision, tokens, sequence, stage, held),
+                host_bytes=optimizer + copy_buffers if optimizer_offload else 0,
+            )
         )
-        for stage, parameters in enumerate(stage_parameters(shape, layout))
-    ]
     return max(ranks, key=lambda rank: rank.total)
+
+
+def host_shortfall(need: int, host_memory: dict[str, tuple[int | None, int]]) -> str | None:
+    """Why no node's host memory can hold ``need`` bytes for each of its slots, given each eligible node's
+    (host memory, slots); None when one can, or when it cannot be known (as ``slot_shortfall``)."""
+    per_slot = {node: None if memory is None else memory // slots for node, (memory, slots) in host_memory.items()}
+    if not per_slot or any(share is None or share >= need for share in per_slot.values()):
+        return None
+    nodes = ", ".join(
+        f"{node} {memory / GIB:.1f} GiB over {slots} slots" for node, (memory, slots) in sorted(host_memory.items())
+    )
+    return f"a trainer rank keeps {need / GIB:.2f} GiB in host memory and no node has that per slot ({nodes})"
 
 
 def slot_shortfall(need: int, slot_memory: dict[str, int | None]) -> str | None:

@@ -79,7 +79,8 @@ def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
         f"  parameters      {memory.parameters:>14,}  (this rank's share of the model)",
         f"  weights         {size(memory.parameter_bytes)}",
         f"  gradients       {size(memory.gradient_bytes)}",
-        f"  optimizer       {size(memory.optimizer_bytes)}  ({optimizer_state}: this rank's share)",
+        f"  optimizer       {size(memory.optimizer_bytes)}  ({optimizer_state}: this rank's share"
+        f"{'; in host memory, below' if trainer.optimizer_offload else ''})",
         f"  frozen models   {size(memory.frozen_bytes)}  (the KL reference with algorithm.kl_coef > 0, "
         f"a distillation teacher)",
         f"  activations     {size(memory.activation_bytes)}  (estimate: a micro-batch of {planned.tokens:,} "
@@ -88,6 +89,11 @@ def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
         f"{', sequence parallel' if trainer.sequence_parallel else ''})",
         f"  total           {size(memory.total)}",
     ]
+    if trainer.optimizer_offload:
+        lines.append(
+            f"  host memory     {size(memory.host_bytes)}  ({moments}, this rank's share, and two buffers "
+            "of its largest tensor for the step's copies: trainer.optimizer_offload)"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -316,8 +316,11 @@ class JobSpec(Component):
 
     @property
     def needs_cuda(self) -> bool:
-        """Whether the job runs only on GPU slots: SGLang engines, or training in bf16 (either kind)."""
-        return self.engines.kind == "sglang" or self.trainer.dtype is not Precision.FP32
+        """Whether the job runs only on GPU slots: SGLang engines, training in bf16 (either kind), or with
+        the optimizer's state offloaded to host memory."""
+        return (
+            self.engines.kind == "sglang" or self.trainer.dtype is not Precision.FP32 or self.trainer.optimizer_offload
+        )
 
     @property
     def promises_equal_logprobs(self) -> bool:

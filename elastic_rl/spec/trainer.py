@@ -61,6 +61,12 @@ class TrainerSpec(Component):
     """With data_parallel > 1, split AdamW's state across the replica's data-parallel ranks (each
     updates the parameters it owns and sends them to the others: torch's ZeroRedundancyOptimizer), so
     each rank holds 1/data_parallel of it. Off, every rank holds all of it."""
+    optimizer_offload: bool = False
+    """GPU slots, fp32 or bf16: AdamW's two moments live in host memory and its update runs there, one
+    parameter at a time (copied to the host and back), so a rank's device holds 8 bytes a parameter
+    (weights and gradients) instead of 16, and its host the moments (8, over data_parallel when sharded).
+    The arithmetic is AdamW's; each step adds the copies' time. Placement puts the replicas on nodes
+    started with `erl daemon --gpus` (on a CPU slot host memory is the device: there is nothing to move)."""
     global_batch_size: PositiveInt = 64
     """Samples in one optimizer step, summed over every replica."""
     micro_batch_size: PositiveInt = 16
@@ -149,6 +155,16 @@ class TrainerSpec(Component):
             problems.append("remove trainer.shard_optimizer false (megatron's distributed optimizer always shards)")
         if problems:
             raise ValueError(f"trainer.dtype bf16-params: {'; '.join(problems)}; or set trainer.dtype bf16")
+        return self
+
+    @model_validator(mode="after")
+    def _offload_is_of_adamw(self) -> TrainerSpec:
+        if self.optimizer_offload and self.dtype is Precision.BF16_PARAMS:
+            raise ValueError(
+                "trainer.optimizer_offload with trainer.dtype bf16-params is not built (megatron's distributed "
+                "optimizer offloads through its HybridDeviceOptimizer, which this trainer does not drive): set "
+                "trainer.dtype bf16 to offload AdamW's moments, or drop trainer.optimizer_offload"
+            )
         return self
 
     @model_validator(mode="after")

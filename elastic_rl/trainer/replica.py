@@ -82,7 +82,7 @@ from elastic_rl.trainer.publisher import RolloutPublisher
 from elastic_rl.trainer.straggler_response import respond_to_straggling
 from elastic_rl.trainer.warm_spare import wait_for_place
 from elastic_rl.trainer.weight_broadcast import WeightBroadcaster
-from policies.devices import CrossReplicaGroup, Precision, cross_replica_group, precision_problem
+from policies.devices import CrossReplicaGroup, Precision, cross_replica_group, offload_problem, precision_problem
 from policies.exits import EXIT_DRAINED, EXIT_STRAGGLED
 from policies.straggler import StragglerAction, StragglerVerdict, due
 
@@ -118,9 +118,11 @@ class TrainerReplica:
         self.device = os.environ.get(jobenv.DEVICE)  # the slot, as events name it
         self.compute = process_device.assigned()
         precision = spec.trainer.dtype
-        problem = precision_problem(self.compute, precision)
-        if problem is not None:
-            raise SpecError([problem])
+        problems = [precision_problem(self.compute, precision)]
+        if spec.trainer.optimizer_offload:
+            problems.append(offload_problem(self.compute))
+        if any(problems):
+            raise SpecError([problem for problem in problems if problem])
         process_device.use_deterministic_algorithms(self.compute)
         torch.set_num_threads(spec.trainer.cpu_threads)
 
@@ -156,14 +158,20 @@ class TrainerReplica:
         self.steps_per_rollout = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
         self.total_steps = spec.rollout.num_rollouts * self.steps_per_rollout
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(scheduled(self.optimizer), lr_lambda(spec, self.total_steps))
-        self.state = TrainingState(self.model, self.local_optimizer, self.scheduler, main_weights(self.optimizer))
+        self.state = TrainingState(
+            self.model,
+            self.local_optimizer,
+            self.scheduler,
+            main_weights(self.optimizer),
+            optimizer_on_host=spec.trainer.optimizer_offload,
+        )
         self.spec_hash = jobenv.spec_hash(spec)
         # Colocated: the state leaves the device for the engines' turn (``trainer.offload``).
         self.residency = None
         if spec.colocated:
             self.residency = Residency(
                 (self.model, self.reference, self.teacher),
-                self.local_optimizer,
+                None if spec.trainer.optimizer_offload else self.local_optimizer,
                 torch.device(where),
                 spec.fault_tolerance.handover_timeout_s,
             )

@@ -6,7 +6,8 @@ Builds the spec's model at the spec's tensor-parallel size, as the trainer does,
 on a micro-batch of the longest samples the spec allows (every sample the plan's longest, half prompt
 and half response) with the trainer's optimizer (in bf16-params megatron's distributed optimizer). Writes, per
 rank, the parameters built and accounted,
-the bytes the weights, gradients and optimizer state hold and were accounted, and the growth of the
+the bytes the weights, gradients and optimizer state hold on the device and were accounted (and in
+host memory, with trainer.optimizer_offload), and the growth of the
 process's peak memory from just before the model was built against the accounted total: its resident
 memory on a CPU slot, the CUDA allocator's allocations on a GPU slot (`tests/gpu/test_gpu_memory.py`).
 """
@@ -110,12 +111,18 @@ def main() -> None:
     if main_weights(optimizer) is not None:
         # The fp32 main weights are the parameters megatron's AdamW updates.
         moments += [p for group in torch_optimizer.param_groups for p in group["params"]]
+    # With trainer.optimizer_offload (GPU slots) the moments are in host memory, off the device.
+    device_type = torch.device(compute.torch_device).type
+    on_device = [moment for moment in moments if moment.device.type == device_type]
+    in_host = [moment for moment in moments if moment.device.type != device_type]
     memory = planned.memory
     result = {
         "parameters": sum(p.numel() for p in parameters),
         "accounted_parameters": memory.parameters,
-        "state_bytes": state_bytes(parameters) + state_bytes(map(gradient_of, parameters)) + state_bytes(moments),
+        "state_bytes": state_bytes(parameters) + state_bytes(map(gradient_of, parameters)) + state_bytes(on_device),
         "accounted_state_bytes": memory.parameter_bytes + memory.gradient_bytes + memory.optimizer_bytes,
+        "host_state_bytes": state_bytes(in_host),
+        "accounted_host_bytes": memory.host_bytes,
         "peak_growth_bytes": peak_growth,
         "accounted_total_bytes": memory.total,
     }

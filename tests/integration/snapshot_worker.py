@@ -6,6 +6,8 @@ MODE ``save``: build the tiny model at TP = WORLD_SIZE, take 3 AdamW steps,
 snapshot (async), take 2 more steps, and write the full weights after each
 phase. MODE ``load``: build at TP = WORLD_SIZE, restore the newest snapshot,
 write the restored full weights, take the same 2 steps, write the weights.
+MODE ``load-offloaded``: ``load`` with the optimizer's state in host memory
+(``HostAdamW``, as trainer.optimizer_offload builds it).
 MODE ``full-disk``: on a work dir with room for one snapshot, save at steps 1
 and 2 (the second runs out of space), free the first, save at step 3; record
 which saves failed and whether training went on.
@@ -28,6 +30,7 @@ from elastic_rl.model.gpt import build_gpt, destroy_model_parallel, forward_gpt,
 from elastic_rl.model.megatron_state import full_state_dict
 from elastic_rl.model.vocab_parallel import token_log_probs
 from elastic_rl.spec.model import ModelSpec
+from elastic_rl.trainer.host_adamw import HostAdamW
 
 SPEC = ModelSpec(hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96)
 
@@ -46,9 +49,10 @@ def main() -> None:
     tp = int(os.environ["WORLD_SIZE"])
     init_model_parallel(tp, seed=5)
     model = build_gpt(SPEC.toy_architecture(64), tp)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    offloaded = mode == "load-offloaded"
+    optimizer = (HostAdamW if offloaded else torch.optim.AdamW)(model.parameters(), lr=3e-3, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
-    state = TrainingState(model, optimizer, scheduler)
+    state = TrainingState(model, optimizer, scheduler, optimizer_on_host=offloaded)
     batch = torch.randint(4, 60, (4, 16), generator=torch.Generator().manual_seed(0))
     rank0 = torch.distributed.get_rank() == 0
     out = workdir / f"{mode}-tp{tp}"

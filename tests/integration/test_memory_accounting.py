@@ -3,16 +3,24 @@
 The parameters, gradients and optimizer state are counted, so they must equal what megatron-core and
 torch's AdamW hold on every rank, byte for byte; the activations are an estimate, which must bound the
 measured peak of a step on the SmolLM2 model from above without overstating it by more than it should.
+`erl submit` refuses a job no node's slots can hold, on the device or, with the optimizer offloaded, in
+host memory.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import orjson
 import pytest
 
 from chaos.erl_cli import erl
 from chaos.topology import Topology
-from policies.memory import GIB
+from elastic_rl.net import free_port
+from elastic_rl.store import keys
+from elastic_rl.store.client import Store
+from elastic_rl.store.embedded import EmbeddedEtcd
+from policies.memory import GIB, MIB
 from tests.integration.erld_support import NO_POOL
 from tests.integration.memory_worker import SMOLLM2_STEP
 from tests.processes import REPO, SMOLLM2, SPEC, run_module_ranks
@@ -57,3 +65,32 @@ def test_submit_refuses_a_job_no_slot_can_hold_and_takes_it_once_one_can(tmp_pat
         taken = erl("submit", str(SPEC), "--workdir", str(tmp_path / "job"), "--etcd", cluster.endpoint)
         assert taken.returncode == 0, taken.stderr
         erl("stop", "tiny-grpo", "--etcd", cluster.endpoint, check=True)
+
+
+def test_submit_refuses_an_offloaded_optimizer_no_gpu_nodes_host_memory_can_hold(tmp_path):
+    # A GPU node's record as erld writes it (NVML's memory per slot, psutil's host memory): no GPU here.
+    etcd = EmbeddedEtcd(tmp_path / "etcd", client_port=free_port())
+    asyncio.run(etcd.start())
+
+    async def gpu_node(host_memory: int) -> None:
+        async with Store(etcd.endpoint) as store:
+            record = {"devices": 8, "kind": "cuda", "slot_memory": 80 * GIB, "host_memory": host_memory}
+            await store.put(keys.node("gpu-node"), record)
+
+    def submit():
+        return erl(
+            "submit", str(SPEC), "--workdir", str(tmp_path / "job"), "--etcd", etcd.endpoint,
+            "--set", "trainer.optimizer_offload=true",
+        )  # fmt: skip
+
+    try:
+        asyncio.run(gpu_node(host_memory=4 * MIB))  # 0.5 MiB a slot; the tiny model offloads 0.75 MiB
+        refused = submit()
+        assert refused.returncode == 2, refused.stderr
+        assert "host memory" in refused.stderr and "trainer.optimizer_offload" in refused.stderr
+        assert orjson.loads(erl("list", "--all", "-o", "json", "--etcd", etcd.endpoint, check=True).stdout) == []
+        asyncio.run(gpu_node(host_memory=64 * GIB))
+        taken = submit()
+        assert taken.returncode == 0, taken.stderr
+    finally:
+        etcd.stop()

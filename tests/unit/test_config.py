@@ -337,6 +337,14 @@ def test_bf16_parameters_refuse_what_is_not_built_naming_the_field(layout, field
         validate_spec({"name": "j", "placement": "colocated", "trainer": {"dtype": "bf16-params"}})
 
 
+def test_an_offloaded_optimizer_runs_on_gpu_slots_and_not_with_bf16_parameters():
+    assert not validate_spec({"name": "j"}).needs_cuda
+    spec = validate_spec({"name": "j", "placement": "colocated", "trainer": {"optimizer_offload": True}})
+    assert spec.trainer.optimizer_offload and spec.needs_cuda
+    with pytest.raises(SpecError, match="trainer.optimizer_offload with trainer.dtype bf16-params is not built"):
+        validate_spec({"name": "j", "trainer": {"dtype": "bf16-params", "optimizer_offload": True}})
+
+
 def test_a_cpu_engine_takes_one_slot():
     with pytest.raises(SpecError, match="a cpu engine runs on one slot"):
         validate_spec({"name": "j", "engines": {"kind": "cpu", "tp_size": 2}})
@@ -414,8 +422,8 @@ def test_the_toy_answer_has_toy_digits_and_must_fit_in_max_new_tokens():
 @pytest.mark.parametrize(
     "overrides, recorded",
     [
-        ([], "39dfef9fc7b364b7"),
-        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "1730e718d8fe5972"),
+        ([], "4575d80c04a5ec1e"),
+        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "d40347621164878c"),
     ],
 )
 def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
@@ -430,6 +438,6 @@ def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
     # trainer.pipeline_parallel did, and trainer.moe_aux_loss_coef did, and trainer.packing, attention and
     # recompute did, and fault_tolerance.straggler_factor and straggler_steps did, and engines.straggler_factor
     # did, and algorithm.opsm and opsm_delta did, and algorithm.distillation did, and
-    # algorithm.routing_replay did, and trainer.sequence_parallel did.
+    # algorithm.routing_replay did, and trainer.sequence_parallel did, and trainer.optimizer_offload did.
     # A fixed trainer.replicas or engines.count is written as a number, as before they could be ranges.
     assert spec_hash(load_spec(SPEC, overrides)) == recorded

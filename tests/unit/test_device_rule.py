@@ -13,6 +13,7 @@ from policies.devices import (
     ProcessDevice,
     cross_replica_group,
     nccl_settings,
+    offload_problem,
     precision_problem,
     process_device,
 )
@@ -110,3 +111,9 @@ def test_a_jobs_trainer_groups_stay_on_one_kind_of_node():
 def test_an_engine_may_go_to_either_kind_when_it_needs_no_gpu():
     placement = place_groups([Group("engine-0", GroupKind.ENGINE, 1)], {"gpu-a": [0]}, kinds={"gpu-a": DeviceKind.CUDA})
     assert placement.assigned["engine-0"] == ("gpu-a", (0,))
+
+
+def test_an_offloaded_optimizer_needs_a_cuda_slot_and_says_which_field():
+    assert offload_problem(ProcessDevice(DeviceKind.CUDA, (0,))) is None
+    problem = offload_problem(ProcessDevice(DeviceKind.CPU, (0,)))
+    assert problem is not None and "trainer.optimizer_offload" in problem and "--gpus" in problem

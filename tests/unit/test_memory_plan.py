@@ -10,6 +10,7 @@ from elastic_rl.cli.main import main
 from elastic_rl.memory_plan import plan
 from elastic_rl.spec.loading import load_spec
 from policies.memory import (
+    FP32_SHARDED,
     FP32_WHOLE,
     GIB,
     HIDDEN_COPIES,
@@ -22,6 +23,7 @@ from policies.memory import (
     Layout,
     ModelShape,
     activation_bytes,
+    host_shortfall,
     layer_parameters,
     layers_per_stage,
     rank_memory,
@@ -184,3 +186,25 @@ def test_bf16_parameters_count_megatrons_buffers_and_shard_the_main_weights():
     assert sharded.parameter_bytes + sharded.gradient_bytes + sharded.optimizer_bytes < (
         fp32.parameter_bytes + fp32.gradient_bytes + fp32.optimizer_bytes
     )
+
+
+def test_an_offloaded_optimizer_is_counted_in_host_memory_with_its_copy_buffers(capsys):
+    kept = rank_memory(LLAMA_8B, Layout(data_parallel=4), FP32_SHARDED, tokens=1, sequence=1, frozen_models=0)
+    offloaded = rank_memory(
+        LLAMA_8B, Layout(data_parallel=4), FP32_SHARDED, tokens=1, sequence=1, frozen_models=0, optimizer_offload=True
+    )
+    assert offloaded.optimizer_bytes == 0 and kept.host_bytes == 0
+    assert offloaded.total == kept.total - kept.optimizer_bytes  # 8 bytes a parameter left on the device
+    # The moments (8 bytes a parameter, a quarter of them per rank) and two fp32 buffers of the largest
+    # tensor, the 128,256 x 4,096 embedding.
+    assert offloaded.host_bytes == 8 * offloaded.parameters // 4 + 2 * 128256 * 4096 * 4
+    assert main(["plan", str(SPEC), "--set", "trainer.optimizer_offload=true"]) == 0
+    assert "host memory" in capsys.readouterr().out
+
+
+def test_a_host_too_small_per_slot_everywhere_is_a_shortfall():
+    assert host_shortfall(GIB, {}) is None
+    assert host_shortfall(GIB, {"a": (4 * GIB, 8), "b": (None, 8)}) is None  # b's is not known
+    assert host_shortfall(GIB, {"a": (4 * GIB, 8), "b": (16 * GIB, 8)}) is None  # b has 2 GiB a slot
+    message = host_shortfall(GIB, {"a": (4 * GIB, 8)})
+    assert message is not None and "a 4.0 GiB over 8 slots" in message
