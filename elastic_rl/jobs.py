@@ -222,12 +222,15 @@ async def resume(store: Store, job_id: str, snapshot_step: int | None = None, la
 
 RESHARDABLE = (
     "trainer.tensor_parallel",
+    "trainer.context_parallel",
     "trainer.pipeline_parallel",
     "trainer.data_parallel",
     "trainer.expert_parallel",
     "trainer.shard_optimizer",
+    "trainer.optimizer_offload",
 )
-"""What `erl resume --set` may change: the replica's layout, which every snapshot loads into."""
+"""What `erl resume --set` may change: the replica's layout (and where its optimizer's state lives), which
+every snapshot loads into."""
 
 
 def check_reshardable(overrides: list[str]) -> None:

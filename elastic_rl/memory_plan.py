@@ -102,7 +102,13 @@ def plan(spec: JobSpec) -> MemoryPlan:
     sequence = longest_sample(spec)
     budget = trainer.max_tokens_per_micro_batch
     tokens = max(budget, sequence) if budget is not None else trainer.micro_batch_size * sequence
-    layout = Layout(trainer.tensor_parallel, trainer.pipeline_parallel, trainer.data_parallel, trainer.expert_parallel)
+    layout = Layout(
+        trainer.tensor_parallel,
+        trainer.pipeline_parallel,
+        trainer.data_parallel,
+        trainer.expert_parallel,
+        trainer.context_parallel,
+    )
     memory = rank_memory(
         model_shape(spec_architecture(spec)),
         layout,

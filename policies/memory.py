@@ -112,14 +112,17 @@ class Layout:
     pipeline_parallel: int = 1
     data_parallel: int = 1
     expert_parallel: int = 1
+    context_parallel: int = 1
+    """Ranks each sample's tokens are split over (each holds 1/context_parallel of every micro-batch)."""
 
     @property
     def ranks(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+        return self.tensor_parallel * self.context_parallel * self.pipeline_parallel * self.data_parallel
 
     def __str__(self) -> str:
+        context = f" CP={self.context_parallel}" if self.context_parallel > 1 else ""
         experts = f" EP={self.expert_parallel}" if self.expert_parallel > 1 else ""
-        return f"TP={self.tensor_parallel} PP={self.pipeline_parallel} DP={self.data_parallel}{experts}"
+        return f"TP={self.tensor_parallel}{context} PP={self.pipeline_parallel} DP={self.data_parallel}{experts}"
 
 
 @dataclass(frozen=True)
@@ -249,8 +252,11 @@ def activation_bytes(
     """The stated estimate for pipeline stage ``stage``: micro-batches of ``tokens`` tokens whose longest
     sample has ``sequence`` tokens, held as ``held`` says. Under megatron's one-forward-one-backward
     schedule stage s of p holds p - s micro-batches' activations at its peak; the last stage also holds
-    the logits. A recomputing layer adds one layer's whole activations while it runs again."""
-    tp = layout.tensor_parallel
+    the logits. A recomputing layer adds one layer's whole activations while it runs again. Split over
+    context-parallel ranks, a rank holds 1/CP of the tokens, and each layer's attention keeps the keys
+    and values it gathered for its two chunks' calls, (2 CP + 1) / 2 times its own tokens' (its masks
+    are views of one vector: not counted)."""
+    tp, cp = layout.tensor_parallel, layout.context_parallel
     hidden = shape.hidden_size // tp if held.sequence_parallel else shape.hidden_size
     qkv = (shape.num_attention_heads + 2 * shape.num_query_groups) * shape.head_dim // tp
     heads = shape.num_attention_heads // tp
@@ -260,6 +266,9 @@ def activation_bytes(
         attention = ATTENTION_MATRICES * heads * sequence
     ffn = FFN_COPIES * max(shape.experts_per_token, 1) * shape.ffn_hidden_size // tp
     whole_layer = HIDDEN_COPIES * hidden + QKV_COPIES * qkv + ffn + attention
+    if cp > 1:
+        whole_layer += 2 * shape.num_query_groups * shape.head_dim // tp * (2 * cp + 1) // 2
+        tokens = -(-tokens // cp)
     if held.kept is Kept.ALL:
         per_token_layer, again = whole_layer, 0
     elif held.kept is Kept.SELECTIVE:

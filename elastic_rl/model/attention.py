@@ -17,7 +17,9 @@ sample attends only within itself: the samples of one length are gathered into a
 batch and take one fused call, exact and with no padding (a rollout of short
 samples has few lengths; a long one's many samples are worth a call each), which
 keeps the CPU kernel and its deterministic backward; megatron's rotary embedding
-restarts the positions at each sample.
+restarts the positions at each sample. Split over context-parallel ranks
+(``model.context_parallel``), a rank's chunks of each sample attend to the whole
+sample's keys gathered from every rank.
 
 ``Attention.LOCAL`` (``trainer.attention: local``) keeps megatron's own
 ``DotProductAttention``: the reference the fused path is checked against, for
@@ -37,6 +39,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from elastic_rl.model.context_parallel import ContextSplit, whole_keys_and_values
 from elastic_rl.model.norm import RMSNorm, SequenceSliceRMSNorm
 from elastic_rl.spec.trainer import Attention
 
@@ -81,8 +84,6 @@ class FusedAttention(MegatronModule):
         pg_collection=None,
     ):
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise ValueError("FusedAttention holds whole sequences: context parallelism is not built on it")
         if config.apply_query_key_layer_scaling:
             raise ValueError("FusedAttention does not scale the scores by the layer number")
         self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
@@ -107,11 +108,33 @@ class FusedAttention(MegatronModule):
             # [seq, batch, heads, dim] -> [batch, heads, seq, dim], the kernel's layout.
             out = self._attend(*(t.permute(1, 2, 0, 3) for t in (query, key, value)))
             return out.permute(2, 0, 1, 3).flatten(2)
+        if self.config.context_parallel_size > 1:
+            return self._attend_over_context_ranks(query, key, value, packed_seq_params)
         out = query.new_empty(query.shape)
         for positions in _samples_by_length(packed_seq_params.cu_seqlens_q.tolist(), query.device):
             # The samples of one length: [samples, length] positions -> [samples, heads, length, dim].
             attended = self._attend(*(t[positions].transpose(1, 2) for t in (query, key, value)))
             out = out.index_put((positions,), attended.transpose(1, 2))
+        return out.flatten(1)
+
+    def _attend_over_context_ranks(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, split: ContextSplit
+    ) -> torch.Tensor:
+        """This rank's two chunks of each sample (``model.context_parallel``), each attending to the whole
+        sample's keys up to its end: one call per chunk and padded sample length."""
+        keys, values = whole_keys_and_values(key, value, split)
+        out = query.new_empty(query.shape)
+        for call in split.calls:
+            rows = call.rows.flip(1)  # the chunk's rows in reverse order, as its mask takes them
+            attended = F.scaled_dot_product_attention(
+                query[rows].transpose(1, 2),
+                keys[call.keys].transpose(1, 2),
+                values[call.keys].transpose(1, 2),
+                attn_mask=split.mask(call, query.dtype),
+                scale=self.scale,
+                enable_gqa=self.grouped,
+            )
+            out = out.index_put((rows,), attended.transpose(1, 2))
         return out.flatten(1)
 
     def _attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

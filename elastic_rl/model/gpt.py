@@ -55,6 +55,7 @@ from elastic_rl.atomic import write_file_atomic
 from elastic_rl.device import activate, assigned
 from elastic_rl.jobenv import RENDEZVOUS
 from elastic_rl.model.attention import FusedAttention, block_spec, layer_spec
+from elastic_rl.model.context_parallel import context_ranks
 from elastic_rl.model.cpu_shim import apply_cpu_shim, cuda_calls_on_cpu
 from elastic_rl.model.packing import ModelInput
 from elastic_rl.model.routing_replay import replaying
@@ -124,6 +125,8 @@ def transformer_config(
         init_method_std=arch.init_method_std,
         tensor_model_parallel_size=tensor_parallel,
         sequence_parallel=sequence_parallel,
+        # Each sample split over the replica's context-parallel ranks (``model.context_parallel``).
+        context_parallel_size=context_ranks(),
         pipeline_model_parallel_size=pipeline_parallel,
         # One send or receive at a time, on gloo and NCCL alike.
         batch_p2p_comm=False,
@@ -253,6 +256,7 @@ def init_model_parallel(
     device: ProcessDevice | None = None,
     pipeline_parallel: int = 1,
     expert_parallel: int = 1,
+    context_parallel: int = 1,
 ) -> None:
     """Join the process group and set up megatron's groups, every collective bounded by ``timeout_s``.
 
@@ -281,6 +285,7 @@ def init_model_parallel(
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
         expert_model_parallel_size=expert_parallel,
+        context_parallel_size=context_parallel,
         distributed_timeout_minutes=timeout_s / 60,
     )
     if device.kind is DeviceKind.CPU:

@@ -18,6 +18,9 @@ at the position before it.
 A mixture of experts' routing to replay (``model.routing_replay``) is laid out
 as the tokens are, ``[rows, seq, layers, topk]`` or ``[1, tokens, layers, topk]``.
 
+A packed micro-batch may be split over context-parallel ranks (``split_over_context``; the layout is
+``model.context_parallel``'s): each rank then holds its share of every sample.
+
 Either way ``ModelInput.spread`` puts the scores of its positions back into the
 micro-batch's ``[rows, width]`` layout, 0 where nothing was scored, so every
 loss reads them as it reads a padded batch.
@@ -25,11 +28,15 @@ loss reads them as it reads a padded batch.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import torch
+from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
+from elastic_rl.model.context_parallel import context_split
 from elastic_rl.routing_record import NO_ROUTE
 
 
@@ -54,15 +61,21 @@ class ModelInput:
     routing: torch.Tensor | None = None
     """The experts to route each token to, as ``tokens`` plus ``[layers, topk]`` (``NO_ROUTE``: the router's
     choice); None: every token routed by the router."""
+    context_ranks: int = 1
+    """Packed: the context-parallel ranks the samples are split over (``model.context_parallel``), each
+    holding its share of every sample; ``bounds`` are then the whole samples', padded."""
 
     @property
     def packed(self) -> bool:
         return self.bounds is not None
 
     def seq_params(self, device: torch.device) -> PackedSeqParams | None:
-        """megatron's description of a packed sequence (None when padded)."""
+        """megatron's description of a packed sequence (None when padded); split over context-parallel
+        ranks, with what the layers' attention shares (``model.context_parallel``)."""
         if self.bounds is None:
             return None
+        if self.context_ranks > 1:
+            return context_split(self.bounds, self.tokens.shape[1], device)
         bounds = self.bounds.to(device=device, dtype=torch.int32)
         longest = int((self.bounds[1:] - self.bounds[:-1]).max())
         return PackedSeqParams(
@@ -77,11 +90,48 @@ class ModelInput:
 
     def spread(self, scores: torch.Tensor, width: int) -> torch.Tensor:
         """``scores`` of the scored positions (``[batch, scored]``, as ``targets``) as ``[rows, width]``: each
-        at its token's place, 0 elsewhere. Differentiable."""
+        at its token's place, 0 elsewhere. Differentiable. Split over context-parallel ranks, every rank's
+        scores: the ranks' layouts added, the gradient passed to each unchanged."""
         if self.places is None:
             return torch.cat([scores.new_zeros(self.rows, width - scores.shape[1]), scores], dim=1)
         rows, columns = (index.to(scores.device) for index in self.places)
-        return scores.new_zeros(self.rows, width).index_put((rows, columns), scores[0])
+        spread = scores.new_zeros(self.rows, width).index_put((rows, columns), scores[0])
+        if self.context_ranks == 1:
+            return spread
+        return reduce_from_tensor_model_parallel_region(spread, group=parallel_state.get_context_parallel_group())
+
+    def split_over_context(self, rank: int, ranks: int) -> ModelInput:
+        """Rank ``rank``'s share of this packed micro-batch split over ``ranks`` context-parallel ranks
+        (``model.context_parallel``): each sample padded at its end to a multiple of 2 x ``ranks`` and cut
+        into that many chunks, of which the rank holds chunks ``rank`` and 2 x ``ranks`` - 1 - ``rank``, end
+        to end; the scored positions among them; the whole samples' padded boundaries."""
+        if not self.packed:
+            raise ValueError("context parallelism splits packed micro-batches only")
+        edges = self.bounds.tolist()
+        pieces = 2 * ranks
+        padded = [-(-(end - start) // pieces) * pieces for start, end in zip(edges, edges[1:])]
+        held = []  # per local slot: the position of this micro-batch's sequence it holds, or -1 (padding)
+        for start, end, size in zip(edges, edges[1:], padded):
+            chunk = size // pieces
+            for index in (rank, pieces - 1 - rank):
+                held += [start + o if start + o < end else -1 for o in range(index * chunk, (index + 1) * chunk)]
+        local_of = {position: slot for slot, position in enumerate(held) if position >= 0}
+        held_positions = torch.tensor(held, dtype=torch.long)
+        real = held_positions >= 0
+        tokens = self.tokens.new_zeros(1, len(held))
+        tokens[0, real.to(tokens.device)] = self.tokens[0, held_positions[real].to(tokens.device)]
+        scored = self.positions.tolist()
+        kept = torch.tensor([index for index, position in enumerate(scored) if position in local_of], dtype=torch.long)
+        rows, columns = self.places
+        return replace(
+            self,
+            tokens=tokens,
+            targets=self.targets[:, kept.to(self.targets.device)],
+            bounds=torch.tensor([0, *itertools.accumulate(padded)]),
+            positions=torch.tensor([local_of[scored[index]] for index in kept.tolist()], dtype=torch.long),
+            places=(rows[kept], columns[kept]),
+            context_ranks=ranks,
+        )
 
     def padded_to(self, rows: int, seq: int) -> ModelInput:
         """The same micro-batch with ``tokens`` grown to ``[rows, seq]`` (the shape the expert-parallel ranks

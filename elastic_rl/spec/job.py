@@ -141,6 +141,8 @@ class JobSpec(Component):
                 problems.append("algorithm.routing_replay applies to a mixture of experts only: set it to false")
             if policy.experts is not None and policy.experts.count % ep:
                 problems.append(f"its {policy.experts.count} experts do not split into trainer.expert_parallel {ep}")
+            if policy.experts is not None and self.trainer.context_parallel > 1:
+                problems.append("trainer.context_parallel is built for dense models: set it to 1")
             if policy.experts is not None and self.trainer.dtype is Precision.BF16_PARAMS:
                 problems.append("trainer.dtype bf16-params is built for dense models: set trainer.dtype bf16")
             if policy.experts is not None and self.trainer.moe_aux_loss_coef > 0 and pp > 1:

@@ -44,12 +44,18 @@ class TrainerSpec(Component):
     """With tensor_parallel > 1, megatron's sequence parallelism: the activations outside attention and
     the MLP (norms, residuals, dropout) are split along the sequence over the tensor-parallel ranks
     instead of held whole by each. A mixture of experts trains at tensor_parallel > 1 only with it."""
+    context_parallel: PositiveInt = 1
+    """Context-parallel ranks inside one replica, each holding a share of every sample: each packed sample
+    is cut into 2 x context_parallel chunks, a rank holds two (one from the front, its mirror from the
+    back), and attention gathers the keys and values of the others. A sequence longer than one rank's
+    memory holds trains over several. Dense models, packed micro-batches, fp32 or bf16."""
     pipeline_parallel: PositiveInt = 1
     """Pipeline stages of one replica, each with an equal share of the layers (it divides the model's
     layers), run by megatron's one-forward-one-backward schedule over each step's micro-batches."""
     data_parallel: PositiveInt = 1
     """Data-parallel ranks inside one replica, each with its share of the replica's part of every batch
-    (a replica holds tensor_parallel x pipeline_parallel x data_parallel ranks, all on one node). Across
+    (a replica holds tensor_parallel x context_parallel x pipeline_parallel x data_parallel ranks, all on
+    one node). Across
     replicas the torchft quorum is the data parallelism that survives faults; inside one, these ranks
     come and go together."""
     expert_parallel: PositiveInt = 1
@@ -124,7 +130,7 @@ class TrainerSpec(Component):
     @property
     def ranks_per_replica(self) -> int:
         """Processes, and device slots, of one replica."""
-        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+        return self.tensor_parallel * self.context_parallel * self.pipeline_parallel * self.data_parallel
 
     @model_validator(mode="after")
     def _experts_split_over_data_parallel_ranks(self) -> TrainerSpec:
@@ -185,6 +191,25 @@ class TrainerSpec(Component):
             needs = ", ".join(setting for setting, clashes in unbuilt.items() if clashes)
             raise ValueError(
                 f"trainer.sequence_parallel is built for one stage of fp32 or bf16 parameters: set {needs}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _samples_split_over_context_ranks(self) -> TrainerSpec:
+        if self.context_parallel == 1:
+            return self
+        unbuilt = {
+            "trainer.packing true": not self.packing,
+            "trainer.pipeline_parallel 1": self.pipeline_parallel > 1,
+            "trainer.sequence_parallel false": self.sequence_parallel,
+            "trainer.expert_parallel 1": self.expert_parallel > 1,
+            "trainer.dtype fp32 or bf16": self.dtype is Precision.BF16_PARAMS,
+        }
+        if any(unbuilt.values()):
+            needs = ", ".join(setting for setting, clashes in unbuilt.items() if clashes)
+            raise ValueError(
+                f"trainer.context_parallel is built for packed micro-batches in one stage, without sequence "
+                f"parallelism, of fp32 or bf16 parameters: set {needs}"
             )
         return self
 

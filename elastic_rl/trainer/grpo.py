@@ -248,6 +248,9 @@ class GrpoTrainer:
         # The replica's data-parallel ranks split its part of each step; none apart from this one at 1.
         self.data_ranks = spec.trainer.data_parallel
         self.data_rank = parallel_state.get_data_parallel_rank() if self.data_ranks > 1 else 0
+        # Context parallelism: each of these ranks holds a share of every sample (``model.context_parallel``).
+        self.context_ranks = spec.trainer.context_parallel
+        self.context_rank = parallel_state.get_context_parallel_rank() if self.context_ranks > 1 else 0
         self.first_stage = parallel_state.is_pipeline_first_stage()
         self.expert_load = ExpertLoad.of(model)  # a mixture of experts' routers; None for a dense model
         self.routing_replay = None
@@ -280,7 +283,13 @@ class GrpoTrainer:
             groups = token_budget_micro_batches(
                 rows, lengths, trainer.max_tokens_per_micro_batch * scale, packed=trainer.packing
             )
-        return [MicroBatch.of(batch, group, trainer.packing) for group in groups]
+        micro_batches = [MicroBatch.of(batch, group, trainer.packing) for group in groups]
+        if self.context_ranks == 1:
+            return micro_batches
+        return [
+            replace(mb, model_input=mb.model_input.split_over_context(self.context_rank, self.context_ranks))
+            for mb in micro_batches
+        ]
 
     @torch.no_grad()
     def _log_probs(self, model, batch: RolloutBatch) -> torch.Tensor:
@@ -472,11 +481,12 @@ class GrpoTrainer:
         offset = self.gradient_size
         flat[offset : offset + len(METRIC_NAMES)] = sums.to(self.device)
         verdicts = flat[offset + len(METRIC_NAMES) :]
-        gives_once = self.data_rank == 0 and self.first_stage
+        gives_once = self.data_rank == 0 and self.context_rank == 0 and self.first_stage
         verdicts[self.replica] = 0.0 if local_finite else 1.0
         verdicts[replicas + self.replica] = rank + 1 if gives_once else 0.0
         verdicts[2 * replicas + self.replica] = own_time if gives_once else 0.0
         sum_over_stages(flat[offset:])  # the last stage's metric sums; every stage's verdict
+        self._sum_over_context_ranks(flat[:offset], verdicts)
         self._sum_step_over_data_ranks(flat)
         for buffer in self.gradient_buffers:
             self._sum_over_data_ranks(buffer)
@@ -562,6 +572,13 @@ class GrpoTrainer:
         if self.data_ranks > 1:
             torch.distributed.all_reduce(tensor, group=parallel_state.get_data_parallel_group())
 
+    def _sum_over_context_ranks(self, *tensors: torch.Tensor) -> None:
+        """Context parallelism: each rank's gradients hold its own tokens' share, and a verdict counts the
+        ranks that saw a NaN. The metric sums are every rank's already (the scores were summed)."""
+        if self.context_ranks > 1:
+            for tensor in tensors:
+                torch.distributed.all_reduce(tensor, group=parallel_state.get_context_parallel_group())
+
     def _sum_step_over_data_ranks(self, flat: torch.Tensor) -> None:
         """Sum the step's all-reduce buffer over the replica's data-parallel ranks. A rank's own experts are
         summed over the ranks holding the same experts only: their gradients already hold every
@@ -591,6 +608,7 @@ class GrpoTrainer:
             sums = self._shard_loss(ctx, part, global_tokens, self.spec.trainer.global_batch_size, backward=False)
             nonfinite = torch.tensor([0.0 if bool(sums.isfinite().all()) else 1.0], device=self.device)
             sum_over_stages(nonfinite)
+            self._sum_over_context_ranks(nonfinite)
             self._sum_over_data_ranks(nonfinite)
             return 1.0 if nonfinite.item() == 0 else 0.0
 

@@ -133,6 +133,7 @@ class TrainerReplica:
             device=self.compute,
             pipeline_parallel=spec.trainer.pipeline_parallel,
             expert_parallel=spec.trainer.expert_parallel,
+            context_parallel=spec.trainer.context_parallel,
         )
         self.rank = torch.distributed.get_rank()
         self.source = ModelSource.from_spec(spec.model)

@@ -22,8 +22,11 @@ def replica_job(
     rollouts: int = ROLLOUTS,
     data_parallel: int = 1,
     pipeline_parallel: int = 1,
+    context_parallel: int = 1,
 ) -> list[str]:
     return [
+        "--set",
+        f"trainer.context_parallel={context_parallel}",
         "--set",
         f"trainer.data_parallel={data_parallel}",
         "--set",
@@ -144,6 +147,15 @@ def test_a_replica_in_pipeline_stages_loses_no_step_to_a_kill(daemon, tmp_path):
 
 
 @pytest.mark.chaos
+@pytest.mark.timeout(600)
+def test_a_context_parallel_replica_loses_no_step_to_a_kill(daemon, tmp_path):
+    """Two replicas of two context-parallel ranks (each holding half of every sample), the second rank of
+    replica 1 killed: the survivor trains alone, replica 1 comes back healed from it, and the weights end
+    within fp32 noise of the fault-free run's."""
+    check_a_replica_kill(daemon, tmp_path, replicas=2, tensor_parallel=1, context_parallel=2)
+
+
+@pytest.mark.chaos
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("tensor_parallel", [1, 2])
 def test_killing_one_of_three_replicas_loses_no_step(daemon, tmp_path, tensor_parallel):
@@ -159,14 +171,20 @@ def check_a_replica_kill(
     comes_back: bool = True,
     data_parallel: int = 1,
     pipeline_parallel: int = 1,
+    context_parallel: int = 1,
 ) -> None:
     """The job fault-free, then with replica 1's last rank killed: the same weights within fp32 noise."""
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     job = replica_job(
-        replicas, tensor_parallel, rollouts=rollouts, data_parallel=data_parallel, pipeline_parallel=pipeline_parallel
+        replicas,
+        tensor_parallel,
+        rollouts=rollouts,
+        data_parallel=data_parallel,
+        pipeline_parallel=pipeline_parallel,
+        context_parallel=context_parallel,
     )
     run_job(daemon, clean, job, timeout_s=500)
-    victim = f"trainer-1-{tensor_parallel * pipeline_parallel * data_parallel - 1}"
+    victim = f"trainer-1-{tensor_parallel * context_parallel * pipeline_parallel * data_parallel - 1}"
     killed = run_job(daemon, faulty, job, [(victim, 2)], timeout_s=500)
     assert killed == [victim]
     assert_close_relative(final_weights(clean, rollouts), final_weights(faulty, rollouts), 1e-5)

@@ -263,6 +263,29 @@ def test_sequence_parallelism_is_refused_where_it_is_not_built(trainer, named):
         validate_spec({"name": "j", "trainer": {"sequence_parallel": True, **trainer}})
 
 
+@pytest.mark.parametrize(
+    "trainer, named",
+    [
+        ({"packing": False}, "trainer.packing true"),
+        ({"pipeline_parallel": 2}, "trainer.pipeline_parallel 1"),
+        ({"tensor_parallel": 2, "sequence_parallel": True}, "trainer.sequence_parallel false"),
+        ({"dtype": "bf16-params"}, "trainer.dtype fp32 or bf16"),
+    ],
+)
+def test_context_parallelism_is_refused_where_it_is_not_built(trainer, named):
+    with pytest.raises(SpecError, match=named):
+        validate_spec({"name": "j", "trainer": {"context_parallel": 2, **trainer}})
+
+
+def test_context_parallel_ranks_are_ranks_of_the_replica(tmp_path):
+    spec = validate_spec({"name": "j", "trainer": {"context_parallel": 2, "tensor_parallel": 2, "data_parallel": 2}})
+    assert spec.trainer.ranks_per_replica == 8
+    moe = {"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2}
+    mixture = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "moe", **moe))}
+    with pytest.raises(SpecError, match="trainer.context_parallel is built for dense models"):
+        validate_spec({"name": "j", "model": mixture, "trainer": {"context_parallel": 2}})
+
+
 def test_experts_split_over_data_parallel_ranks_of_a_mixture_of_experts_only(tmp_path):
     moe = {"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2}
     mixture = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "moe", **moe))}
@@ -422,8 +445,8 @@ def test_the_toy_answer_has_toy_digits_and_must_fit_in_max_new_tokens():
 @pytest.mark.parametrize(
     "overrides, recorded",
     [
-        ([], "4575d80c04a5ec1e"),
-        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "d40347621164878c"),
+        ([], "c1324fb33bfc2f2d"),
+        (["rollout.mode=async", "engines.count=3", "eval.interval_rollouts=0"], "943026634a99384c"),
     ],
 )
 def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
@@ -438,6 +461,7 @@ def test_the_spec_hash_recorded_in_snapshots_is_unchanged(overrides, recorded):
     # trainer.pipeline_parallel did, and trainer.moe_aux_loss_coef did, and trainer.packing, attention and
     # recompute did, and fault_tolerance.straggler_factor and straggler_steps did, and engines.straggler_factor
     # did, and algorithm.opsm and opsm_delta did, and algorithm.distillation did, and
-    # algorithm.routing_replay did, and trainer.sequence_parallel did, and trainer.optimizer_offload did.
+    # algorithm.routing_replay did, and trainer.sequence_parallel did, and trainer.optimizer_offload and
+    # context_parallel did.
     # A fixed trainer.replicas or engines.count is written as a number, as before they could be ranges.
     assert spec_hash(load_spec(SPEC, overrides)) == recorded

@@ -208,3 +208,15 @@ def test_a_host_too_small_per_slot_everywhere_is_a_shortfall():
     assert host_shortfall(GIB, {"a": (4 * GIB, 8), "b": (16 * GIB, 8)}) is None  # b has 2 GiB a slot
     message = host_shortfall(GIB, {"a": (4 * GIB, 8)})
     assert message is not None and "a 4.0 GiB over 8 slots" in message
+
+
+def test_context_parallel_ranks_split_the_tokens_and_keep_the_keys_they_gather():
+    whole = rank_memory(LLAMA_8B, Layout(), FP32_WHOLE, tokens=8192, sequence=8192, frozen_models=0)
+    layout = Layout(context_parallel=2)
+    split = rank_memory(LLAMA_8B, layout, FP32_WHOLE, tokens=8192, sequence=8192, frozen_models=0)
+    assert layout.ranks == 2 and str(layout) == "TP=1 CP=2 PP=1 DP=1"
+    assert split.parameter_bytes == whole.parameter_bytes  # every rank holds the whole model
+    # Half the tokens, each layer also keeping 2.5 times its tokens' keys and values (8 groups of 128).
+    half = rank_memory(LLAMA_8B, Layout(), FP32_WHOLE, tokens=4096, sequence=4096, frozen_models=0)
+    gathered = 4096 * 32 * (2 * 8 * 128 * 5 // 2) * 4
+    assert split.activation_bytes == half.activation_bytes + gathered
