@@ -7,7 +7,8 @@ sequences on GPUs.
    the toy model of ``context_parallel_worker.py``: the largest gap of the old-policy log probs and of
    the weights after one AdamW step (CP=2 against CP=1), each rank's peak memory growth over a step
    (glibc's blocks from 64 KiB mapped one by one, so that resident memory follows the live tensors), and
-   the median step time.
+   the median step time. Then CP=2 at 1.8 times the longest length, whose per-rank peak should stay
+   within CP=1's at the longest.
 2. The plan's estimate (``policies.memory``) of one rank of the Llama 3.2 1B shape at 64k and 128k
    tokens, CP=1, 2 and 4: bf16 autocast over fp32 AdamW (counted as fp32), full recomputation, the
    logits in chunks.
@@ -88,6 +89,22 @@ def cpu_table(lengths: list[int], scratch: Path) -> None:
         )
 
 
+def equal_memory_line(longest: int, scratch: Path) -> None:
+    """CP=2 at 1.8 times the longest length against CP=1 at it: the per-rank peak of each."""
+    one = (
+        run(scratch / f"cp1-{longest}", longest, 1)[0]
+        if not (scratch / f"cp1-{longest}.0.json").exists()
+        else (orjson.loads((scratch / f"cp1-{longest}.0.json").read_bytes()))
+    )
+    longer = int(1.8 * longest)
+    two = run(scratch / f"cp2-{longer}", longer, 2)
+    peak = max(rank["peak_growth_bytes"] for rank in two)
+    print(
+        f"CP=2 at {longer:,} tokens (1.8x): {peak / 2**20:.0f} MiB a rank, against CP=1 at {longest:,}: "
+        f"{one['peak_growth_bytes'] / 2**20:.0f} MiB ({peak / one['peak_growth_bytes']:.2f} of it)"
+    )
+
+
 def plan_table() -> None:
     held = ActivationLayout(kept=Kept.INPUTS, logits_cap_bytes=LOGITS_BUDGET_BYTES)
     sizes = (1, 2, 4)
@@ -105,8 +122,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="2048,4096,8192")
     args = parser.parse_args()
+    lengths = [int(length) for length in args.lengths.split(",")]
     with tempfile.TemporaryDirectory() as scratch:
-        cpu_table([int(length) for length in args.lengths.split(",")], Path(scratch))
+        cpu_table(lengths, Path(scratch))
+        print()
+        equal_memory_line(max(lengths), Path(scratch))
     print()
     plan_table()
 
