@@ -90,15 +90,11 @@ def cpu_table(lengths: list[int], scratch: Path) -> None:
 
 
 def equal_memory_line(longest: int, scratch: Path) -> None:
-    """CP=2 at 1.8 times the longest length against CP=1 at it: the per-rank peak of each."""
-    one = (
-        run(scratch / f"cp1-{longest}", longest, 1)[0]
-        if not (scratch / f"cp1-{longest}.0.json").exists()
-        else (orjson.loads((scratch / f"cp1-{longest}.0.json").read_bytes()))
-    )
+    """CP=2 at 1.8 times the longest length against CP=1 at it (measured by ``cpu_table``): the per-rank
+    peak of each."""
+    one = orjson.loads((scratch / f"cp1-{longest}.0.json").read_bytes())
     longer = int(1.8 * longest)
-    two = run(scratch / f"cp2-{longer}", longer, 2)
-    peak = max(rank["peak_growth_bytes"] for rank in two)
+    peak = max(rank["peak_growth_bytes"] for rank in run(scratch / f"cp2-{longer}", longer, 2))
     print(
         f"CP=2 at {longer:,} tokens (1.8x): {peak / 2**20:.0f} MiB a rank, against CP=1 at {longest:,}: "
         f"{one['peak_growth_bytes'] / 2**20:.0f} MiB ({peak / one['peak_growth_bytes']:.2f} of it)"

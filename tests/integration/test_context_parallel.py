@@ -22,9 +22,12 @@ def test_split_attention_is_unsplit_attention_forward_and_backward(tmp_path):
         assert max(gaps.values()) < 1e-5, (rank, gaps)
 
 
-def test_a_replica_at_cp2_trains_as_at_cp1_and_its_snapshot_loads_at_cp1(tmp_path):
+@pytest.mark.parametrize("tensor_parallel", [1, pytest.param(2, marks=pytest.mark.chaos)])
+def test_a_replica_at_cp2_trains_as_at_cp1_and_its_snapshot_loads_at_cp1(tmp_path, tensor_parallel):
+    """At TP=1, and (`make chaos`) TP=2 x CP=2 against TP=2 x CP=1."""
     for context_parallel in (1, 2):
-        run_module_ranks(WORKER, context_parallel, tmp_path / f"cp{context_parallel}", 1, "train")
+        ranks = tensor_parallel * context_parallel
+        run_module_ranks(WORKER, ranks, tmp_path / f"cp{context_parallel}", tensor_parallel, "train")
     one, two = (torch.load(tmp_path / f"cp{size}" / "weights.pt") for size in (1, 2))
     assert one.keys() == two.keys()
     for name in one:
@@ -33,7 +36,7 @@ def test_a_replica_at_cp2_trains_as_at_cp1_and_its_snapshot_loads_at_cp1(tmp_pat
         assert gap <= 2e-3, (name, gap)
     # The old-policy pass: every rank holds every sample's log probs, as the unsplit replica computes them.
     whole = torch.load(tmp_path / "cp1" / "logprobs.0.pt")
-    for rank in (0, 1):
+    for rank in range(2 * tensor_parallel):
         torch.testing.assert_close(torch.load(tmp_path / "cp2" / f"logprobs.{rank}.pt"), whole, rtol=0, atol=1e-5)
     run_module_ranks(WORKER, 1, tmp_path / "cp2", 1, "load")
     loaded = torch.load(tmp_path / "cp2" / "loaded.pt")
