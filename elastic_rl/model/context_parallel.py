@@ -52,8 +52,6 @@ class ChunkCall:
     """The chunk's rows in this rank's packed sequence, ``[samples, chunk]``."""
     keys: torch.Tensor
     """The whole samples' positions up to the chunk's end, ``[samples, keys]``."""
-    before: int
-    """Keys before the chunk."""
 
 
 @dataclass
@@ -71,7 +69,7 @@ class ContextSplit(PackedSeqParams):
         a key, -inf elsewhere), in ``dtype``: one per chunk size and keys, shared by the layers."""
         chunk, keys = call.rows.shape[1], call.keys.shape[1]
         if (chunk, keys, dtype) not in self.masks:
-            # Reversed row r is row chunk - 1 - r, which sees the keys up to before + chunk - 1 - r: r + j < keys.
+            # Reversed row r is row chunk - 1 - r, which sees every key up to keys - 1 - r: those with r + j < keys.
             line = torch.full((keys + chunk - 1,), float("-inf"), dtype=dtype, device=call.rows.device)
             line[:keys] = 0.0
             self.masks[chunk, keys, dtype] = line.as_strided((chunk, keys), (1, 1))
@@ -138,5 +136,5 @@ def _chunk_calls(bounds: list[int], rank: int, ranks: int, device: torch.device)
         for half, index in enumerate((rank, pieces - 1 - rank)):
             rows = local + half * chunk + torch.arange(chunk)
             positions = whole + torch.arange((index + 1) * chunk)
-            calls.append(ChunkCall(rows.to(device), positions.to(device), before=index * chunk))
+            calls.append(ChunkCall(rows.to(device), positions.to(device)))
     return calls

@@ -182,35 +182,31 @@ class TrainerSpec(Component):
                 "trainer.sequence_parallel splits the sequence over the tensor-parallel ranks: set "
                 "trainer.tensor_parallel above 1, or drop it"
             )
-        unbuilt = {
-            "trainer.pipeline_parallel 1": self.pipeline_parallel > 1,
-            "trainer.expert_parallel 1": self.expert_parallel > 1,
-            "trainer.dtype fp32 or bf16": self.dtype is Precision.BF16_PARAMS,
-        }
-        if any(unbuilt.values()):
-            needs = ", ".join(setting for setting, clashes in unbuilt.items() if clashes)
-            raise ValueError(
-                f"trainer.sequence_parallel is built for one stage of fp32 or bf16 parameters: set {needs}"
-            )
+        _refuse_unbuilt(
+            "trainer.sequence_parallel is built for one stage of fp32 or bf16 parameters",
+            {
+                "trainer.pipeline_parallel 1": self.pipeline_parallel > 1,
+                "trainer.expert_parallel 1": self.expert_parallel > 1,
+                "trainer.dtype fp32 or bf16": self.dtype is Precision.BF16_PARAMS,
+            },
+        )
         return self
 
     @model_validator(mode="after")
     def _samples_split_over_context_ranks(self) -> TrainerSpec:
         if self.context_parallel == 1:
             return self
-        unbuilt = {
-            "trainer.packing true": not self.packing,
-            "trainer.pipeline_parallel 1": self.pipeline_parallel > 1,
-            "trainer.sequence_parallel false": self.sequence_parallel,
-            "trainer.expert_parallel 1": self.expert_parallel > 1,
-            "trainer.dtype fp32 or bf16": self.dtype is Precision.BF16_PARAMS,
-        }
-        if any(unbuilt.values()):
-            needs = ", ".join(setting for setting, clashes in unbuilt.items() if clashes)
-            raise ValueError(
-                f"trainer.context_parallel is built for packed micro-batches in one stage, without sequence "
-                f"parallelism, of fp32 or bf16 parameters: set {needs}"
-            )
+        _refuse_unbuilt(
+            "trainer.context_parallel is built for packed micro-batches in one stage, without sequence "
+            "parallelism, of fp32 or bf16 parameters",
+            {
+                "trainer.packing true": not self.packing,
+                "trainer.pipeline_parallel 1": self.pipeline_parallel > 1,
+                "trainer.sequence_parallel false": self.sequence_parallel,
+                "trainer.expert_parallel 1": self.expert_parallel > 1,
+                "trainer.dtype fp32 or bf16": self.dtype is Precision.BF16_PARAMS,
+            },
+        )
         return self
 
     @model_validator(mode="after")
@@ -231,3 +227,10 @@ class TrainerSpec(Component):
                 f"micro_batch_size ({self.micro_batch_size}), or set max_tokens_per_micro_batch"
             )
         return self
+
+
+def _refuse_unbuilt(built_for: str, clashes: dict[str, bool]) -> None:
+    """Refuse the settings ``clashes`` marks True (each named by what to set instead)."""
+    needs = ", ".join(setting for setting, clash in clashes.items() if clash)
+    if needs:
+        raise ValueError(f"{built_for}: set {needs}")
