@@ -183,7 +183,8 @@ class Erld:
             "devices": self.config.devices,
             "kind": self.config.device_kind.value,
             "slot_memory": self.config.slot_memory,
-            "host_memory": psutil.virtual_memory().total,  # shared by the slots: an offloaded optimizer's
+            # The machine's memory, shared by its slots: what `erl submit` checks an offloaded optimizer against.
+            "host_memory": psutil.virtual_memory().total,
             "started": time.time(),
             "host": socket.gethostname(),
             "advertise_host": self.config.advertise_host,

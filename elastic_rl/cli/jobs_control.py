@@ -91,6 +91,5 @@ def add_control_commands(commands) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="change the replica layout: trainer.tensor_parallel, trainer.pipeline_parallel, trainer.data_parallel, "
-        "trainer.expert_parallel or trainer.shard_optimizer (the snapshot reshards); repeatable",
+        help=f"change the replica layout: {', '.join(jobs.RESHARDABLE)} (the snapshot reshards); repeatable",
     )
