@@ -8,7 +8,9 @@ sends each request to the next serving engine in turn, one attempt each,
 moving on to the next engine when one fails (a stream, only while none of it
 has arrived: after that its caller continues it). It is what generation goes
 through while the router is down (``engines.access``), and the path by which
-a request can be sent to an engine of one's choosing.
+a request can be sent to an engine of one's choosing. While etcd does not
+answer, the engines last read go on serving: an outage of the control plane
+is no reason to stop generating.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from elastic_rl.engines.client import EngineClient, open_session
 from elastic_rl.engines.streaming import Received
 from elastic_rl.errors import EngineError, EngineRejected
 from elastic_rl.store import keys
-from elastic_rl.store.client import Store
+from elastic_rl.store.client import Store, StoreUnavailable
 
 log = logging.getLogger("elastic_rl.engines.direct")
 
@@ -74,7 +76,13 @@ class DirectEngineClient:
 
     async def _serving_engines(self) -> list[str]:
         if time.monotonic() - self._read_at >= DIRECTORY_REFRESH_S:
-            self._serving, self._read_at = await self.directory(), time.monotonic()
+            try:
+                self._serving = await self.directory()
+            except StoreUnavailable:
+                if self._read_at == float("-inf"):
+                    raise  # nothing read yet: no engines to fall back on
+                log.warning("etcd did not answer: the %d engines last read serve on", len(self._serving))
+            self._read_at = time.monotonic()
         return self._serving
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:

@@ -9,8 +9,10 @@ from collections import Counter
 import pytest
 from aiohttp import web
 
+from elastic_rl.engines import direct
 from elastic_rl.engines.direct import DirectEngineClient
 from elastic_rl.net import free_port
+from elastic_rl.store.client import StoreUnavailable
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -60,3 +62,39 @@ def test_requests_sent_at_once_are_spread_over_the_engines_and_a_dead_one_is_pas
     assert spread == {"a": 4, "b": 4}
     assert reads == 1  # one read of the engine list for the whole burst
     assert answered == {"a": 4}
+
+
+def test_an_etcd_outage_leaves_the_engines_last_read_serving(monkeypatch):
+    monkeypatch.setattr(direct, "DIRECTORY_REFRESH_S", 0.0)  # every call reads etcd
+
+    async def scenario() -> list[str]:
+        runner, url = await fake_engine("a")
+        reads = []
+
+        async def directory() -> list[str]:
+            reads.append(None)
+            if len(reads) > 1:
+                raise StoreUnavailable("etcd at http://127.0.0.1:1 is unreachable (ConnectionFailedError)")
+            return [url]
+
+        try:
+            async with DirectEngineClient(directory, timeout_s=5) as client:
+                first = await client.generate([1], {})
+                second = await client.generate([1], {})
+        finally:
+            await runner.cleanup()
+        return [first["text"], second["text"], len(reads)]
+
+    assert asyncio.run(scenario()) == ["a", "a", 2]
+
+
+def test_no_engines_read_yet_and_etcd_out_is_an_error():
+    async def directory() -> list[str]:
+        raise StoreUnavailable("etcd at http://127.0.0.1:1 is unreachable (ConnectionFailedError)")
+
+    async def scenario() -> None:
+        async with DirectEngineClient(directory, timeout_s=5) as client:
+            await client.generate([1], {})
+
+    with pytest.raises(StoreUnavailable):
+        asyncio.run(scenario())
