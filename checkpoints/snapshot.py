@@ -2,7 +2,8 @@
 
 A snapshot holds the model, the AdamW state, the LR scheduler's position, the
 RNG state, the optimizer step and the id of the last rollout applied, every
-value a tensor. Each tensor-parallel rank contributes its own slices as
+value a tensor; with PPO, the critic's model, AdamW state and scheduler
+position too, under ``critic.``. Each tensor-parallel rank contributes its own slices as
 DTensors over the TP mesh, described in the TP=1 layout (the gated MLP's
 ``linear_fc1`` is saved as separate ``gate`` and ``up`` halves), so DCP can
 load a snapshot taken at one TP size into a model built at another. A
@@ -79,6 +80,12 @@ class TrainingState:
     """With bf16 parameters: what holds their fp32 weights and moments, saved in their place."""
     optimizer_on_host: bool = False
     """AdamW's state lives in host memory (``trainer.optimizer_offload``), wherever the parameters are."""
+    critic: TrainingState | None = None
+    """PPO's critic, trained beside the model (``algorithm.critic``)."""
+
+    def parts(self) -> list[tuple[str, TrainingState]]:
+        """(prefix of its snapshot entries, state) of the model and of the critic, if any."""
+        return [("", self), *([("critic.", self.critic)] if self.critic is not None else [])]
 
 
 def tp_mesh() -> DeviceMesh:
@@ -107,9 +114,17 @@ def _local_entries(
     entries: dict[str, tuple[torch.Tensor, int | None]] = {
         "meta.step": (torch.tensor(step), None),
         "meta.last_rollout": (torch.tensor(last_rollout), None),
-        "meta.scheduler_epoch": (torch.tensor(state.scheduler.last_epoch), None),
         "meta.rng_cpu": (torch.get_rng_state(), None),
     }
+    for prefix, part in state.parts():
+        entries[f"{prefix}meta.scheduler_epoch"] = (torch.tensor(part.scheduler.last_epoch), None)
+        entries.update({f"{prefix}{name}": entry for name, entry in _model_entries(part, wholes).items()})
+    return entries
+
+
+def _model_entries(state: TrainingState, wholes: dict | None) -> dict[str, tuple[torch.Tensor, int | None]]:
+    """One model's weights and AdamW state as snapshot entries."""
+    entries: dict[str, tuple[torch.Tensor, int | None]] = {}
     for name, param in whole_model_parameters(state.model):
         if state.main_weights is None:
             weights, adam = param.data, state.optimizer.state.get(param)
@@ -244,18 +259,8 @@ def load_snapshot(state: TrainingState, path: Path, group: torch.distributed.Pro
     """Restore ``state`` from the snapshot at ``path`` (any TP size); return (step, last_rollout).
     ``group``: the gloo group DCP coordinates over (the ``SnapshotWriter``'s), never the replica's
     default group, which is NCCL's on a GPU."""
-    if state.main_weights is not None:
-        state.main_weights.ensure_moments()
-    # Only the parameters this rank's optimizer updates: sharded, the others' state is another rank's.
-    for param in (param for group in state.optimizer.param_groups for param in group["params"]):
-        if state.main_weights is None and param not in state.optimizer.state:
-            # On the parameter's device, as AdamW makes it (the fused CUDA kernel refuses a step counter in
-            # CPU memory: seen on an H100, every resume's first step failed), or in host memory, offloaded.
-            where = torch.device("cpu") if state.optimizer_on_host else param.device
-            state.optimizer.state[param] = {
-                "step": torch.zeros((), dtype=torch.float32, device=where),
-                **{key: torch.zeros_like(param.data, device=where) for key in ADAM_STATES},
-            }
+    for _, part in state.parts():
+        _ensure_moments(part)
     wholes: dict[torch.nn.Parameter, dict[str, torch.Tensor]] = {}
     live = _local_entries(state, step=0, last_rollout=0, wholes=wholes)
     # A GPU tensor is loaded through a CPU twin, then copied in.
@@ -268,8 +273,26 @@ def load_snapshot(state: TrainingState, path: Path, group: torch.distributed.Pro
     for param, whole in wholes.items():
         state.main_weights.load_whole(param, whole)
     torch.set_rng_state(entries["meta.rng_cpu"])
-    _sync_scheduler(state.scheduler, int(entries["meta.scheduler_epoch"]))
+    for prefix, part in state.parts():
+        _sync_scheduler(part.scheduler, int(entries[f"{prefix}meta.scheduler_epoch"]))
     return int(entries["meta.step"]), int(entries["meta.last_rollout"])
+
+
+def _ensure_moments(state: TrainingState) -> None:
+    """Give every parameter this rank's optimizer updates its AdamW state, for a load to fill (sharded, the
+    others' state is another rank's)."""
+    if state.main_weights is not None:
+        state.main_weights.ensure_moments()
+        return
+    for param in (param for group in state.optimizer.param_groups for param in group["params"]):
+        if param not in state.optimizer.state:
+            # On the parameter's device, as AdamW makes it (the fused CUDA kernel refuses a step counter in
+            # CPU memory: seen on an H100, every resume's first step failed), or in host memory, offloaded.
+            where = torch.device("cpu") if state.optimizer_on_host else param.device
+            state.optimizer.state[param] = {
+                "step": torch.zeros((), dtype=torch.float32, device=where),
+                **{key: torch.zeros_like(param.data, device=where) for key in ADAM_STATES},
+            }
 
 
 def _on_cpu(tensor: torch.Tensor) -> torch.Tensor:

@@ -118,5 +118,6 @@ def plan(spec: JobSpec) -> MemoryPlan:
         frozen_models=spec.algorithm.frozen_models,
         held=activation_layout(trainer),
         optimizer_offload=trainer.optimizer_offload,
+        critic=spec.algorithm.critic is not None,
     )
     return MemoryPlan(layout, memory, tokens, sequence)

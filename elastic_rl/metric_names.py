@@ -99,6 +99,18 @@ METRICS = (
         Unit.VALUE,
         "Mean over response tokens of the student's log prob minus the teacher's (algorithm.distillation).",
     ),
+    Metric("train/value_loss", Unit.VALUE, "The critic's clipped value loss (advantage_estimator ppo)."),
+    Metric(
+        "train/value_clipfrac",
+        Unit.FRACTION,
+        "Response tokens whose value, held within algorithm.critic.value_clip of the old one, had the larger error.",
+    ),
+    Metric("train/critic_grad_norm", Unit.VALUE, "The critic's gradient norm before clipping (ppo)."),
+    Metric(
+        "train/explained_variance",
+        Unit.VALUE,
+        "How much of the returns' variance the critic's old values explain: 1 all, 0 none, below 0 worse (ppo).",
+    ),
     Metric(
         "train/opsm_masked_fraction",
         Unit.FRACTION,

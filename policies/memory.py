@@ -168,6 +168,9 @@ class RankMemory:
     host_bytes: int = 0
     """Host memory the rank holds for its optimizer (``trainer.optimizer_offload``: AdamW's moments and the
     step's two copy buffers); its ``optimizer_bytes`` on the device are then 0."""
+    critic_bytes: int = 0
+    """PPO's critic, held beside the policy at its layout: its weights, gradients and (unless offloaded)
+    optimizer state. Its passes follow the policy's, so its activations add nothing to their peak."""
 
     @property
     def total(self) -> int:
@@ -178,6 +181,7 @@ class RankMemory:
             + self.optimizer_bytes
             + self.frozen_bytes
             + self.activation_bytes
+            + self.critic_bytes
         )
 
 
@@ -297,18 +301,22 @@ def rank_memory(
     held: ActivationLayout = ActivationLayout(),
     *,
     optimizer_offload: bool = False,
+    critic: bool = False,
 ) -> RankMemory:
     """What the fullest rank of a replica in ``layout`` holds: its stage's parameters, their gradients
     and optimizer state (sharded over data-parallel ranks if the precision says so), the copies of the
     ``frozen_models`` held for their log probs alone (a KL reference, a distillation teacher: the policy's
     architecture), and its micro-batches' activations, held as ``held`` says. With ``optimizer_offload``
     the optimizer's state is in host memory, with two fp32 buffers of the largest tensor for the step's
-    copies of a parameter and its gradient."""
+    copies of a parameter and its gradient. A ``critic`` (PPO's) is one more trained copy of the model: its
+    weights, gradients and optimizer state, offloaded with the policy's."""
     optimizer_share = layout.data_parallel if precision.optimizer_sharded else 1
     copy_buffers = 2 * largest_tensor(shape, layout.tensor_parallel) * FP32_BYTES
     ranks = []
     for stage, parameters in enumerate(stage_parameters(shape, layout)):
         optimizer = -(-parameters * precision.optimizer_bytes // optimizer_share)
+        trained = parameters * (precision.parameter_bytes + precision.gradient_bytes)
+        critic_optimizer = optimizer if critic else 0
         ranks.append(
             RankMemory(
                 parameters=parameters,
@@ -317,7 +325,8 @@ def rank_memory(
                 optimizer_bytes=0 if optimizer_offload else optimizer,
                 frozen_bytes=frozen_models * parameters * precision.parameter_bytes,
                 activation_bytes=activation_bytes(shape, layout, precision, tokens, sequence, stage, held),
-                host_bytes=optimizer + copy_buffers if optimizer_offload else 0,
+                host_bytes=optimizer + critic_optimizer + copy_buffers if optimizer_offload else 0,
+                critic_bytes=trained + (0 if optimizer_offload else critic_optimizer) if critic else 0,
             )
         )
     return max(ranks, key=lambda rank: rank.total)

@@ -1,12 +1,14 @@
 """Per-token advantages for each estimator: GRPO and GSPO (group-normalised), REINFORCE++ and its
-group-baseline variant (returns whitened over the rollout batch), and on-policy distillation's term
-on top of any of them.
+group-baseline variant (returns whitened over the rollout batch), PPO's (GAE over a critic's values,
+whitened over the rollout batch), and on-policy distillation's term on top of any of them.
 
 Every function here sees the whole rollout batch, which every replica holds, so each replica
 computes the same advantages whatever share of the batch it then trains on.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -89,3 +91,69 @@ def token_advantages(
     if estimator is AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE:
         rewards = group_baseline(rewards, group_size)
     return whiten(returns_to_go(rewards, -kl_coef * kl, mask), mask)
+
+
+@dataclass(frozen=True)
+class GaeResult:
+    advantages: torch.Tensor
+    """Whitened over the rollout's response tokens, 0 elsewhere."""
+    returns: torch.Tensor
+    """What the critic learns to predict: the raw (unwhitened) advantage plus the value, 0 off the mask."""
+
+
+def final_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[batch, tokens]: each sequence's reward at its last response token, 0 elsewhere."""
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = (mask * positions).argmax(dim=1)
+    paid = torch.zeros_like(mask, dtype=torch.float32)
+    paid[torch.arange(mask.shape[0], device=mask.device), last] = rewards.float()
+    return paid * mask
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    token_kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> GaeResult:
+    """PPO's advantages: generalised advantage estimation over each response's tokens, in order.
+
+    ``values``: [batch, tokens], the critic's value of the state before each token. The reward is paid at
+    a sequence's last response token; ``token_kl``, when given, is a penalty of ``-kl_coef * kl`` at each
+    token. Tokens off the mask (the prompt, a tool's output between turns) are skipped: the next kept
+    token's value and advantage carry across them. The advantages are whitened over the whole batch.
+    """
+    mask = mask.float()
+    paid = final_rewards(rewards, mask)
+    if token_kl is not None:
+        paid = paid - kl_coef * token_kl * mask
+    values = values.float() * mask
+    raw = torch.zeros_like(values)
+    next_value = torch.zeros(values.shape[0], device=values.device)
+    running = torch.zeros_like(next_value)
+    for t in reversed(range(values.shape[1])):
+        kept = mask[:, t]
+        delta = paid[:, t] + gamma * next_value - values[:, t]
+        step = delta + gamma * lam * running
+        running = torch.where(kept > 0, step, running)
+        next_value = torch.where(kept > 0, values[:, t], next_value)
+        raw[:, t] = step * kept
+    return GaeResult(whiten(raw, mask), (raw + values) * mask)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """How much of the returns' variance over the response tokens the values account for: 1 is all of it,
+    0 no better than their mean, below 0 worse."""
+    count = mask.sum().clamp(min=1)
+
+    def variance(x: torch.Tensor) -> torch.Tensor:
+        mean = (x * mask).sum() / count
+        return (((x - mean) * mask) ** 2).sum() / count
+
+    spread = variance(returns)
+    if spread.item() == 0:
+        return 0.0
+    return (1 - variance(returns - values) / spread).item()

@@ -116,3 +116,15 @@ def loss_tokens(how: LossAggregation, step_tokens: int, rollout_tokens: int, ste
 def reduce_global(values: torch.Tensor, mask: torch.Tensor, global_tokens: int) -> torch.Tensor:
     """Sum ``values`` over masked tokens, normalised by the global batch's token count (the metrics' reduction)."""
     return (values * mask).sum() / global_tokens
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's value loss per token: half the larger squared error to the return of the value and of the value
+    kept within ``clip`` of the old one, so one step cannot move a value far; returns (loss, clipped), clipped
+    1 where the kept-close value's error is the larger."""
+    kept_close = old_values + (values - old_values).clamp(-clip, clip)
+    free = (values - returns) ** 2
+    held = (kept_close - returns) ** 2
+    return 0.5 * torch.maximum(free, held), (held > free).float()

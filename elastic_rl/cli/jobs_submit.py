@@ -74,6 +74,7 @@ def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
     trainer = spec.trainer
     moments = "AdamW's two moments"
     optimizer_state = f"fp32 main weights and {moments}" if precision is MEGATRON_BF16 else moments
+    critic = f"  critic          {size(memory.critic_bytes)}  (PPO's value model: weights, gradients, optimizer)"
     lines = [
         f"one trainer rank of {spec.name}: {planned.layout}, {precision.name}",
         f"  parameters      {memory.parameters:>14,}  (this rank's share of the model)",
@@ -83,6 +84,7 @@ def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
         f"{'; in host memory, below' if trainer.optimizer_offload else ''})",
         f"  frozen models   {size(memory.frozen_bytes)}  (the KL reference with algorithm.kl_coef > 0, "
         f"a distillation teacher)",
+        *([critic] if memory.critic_bytes else []),
         f"  activations     {size(memory.activation_bytes)}  (estimate: a micro-batch of {planned.tokens:,} "
         f"{'tokens packed' if trainer.packing else 'token slots'}, samples up to {planned.sequence:,} tokens: "
         f"{bound}; attention {trainer.attention.value}, recompute {trainer.recompute.value}"
@@ -90,8 +92,9 @@ def memory_table(spec: JobSpec, planned: MemoryPlan) -> str:
         f"  total           {size(memory.total)}",
     ]
     if trainer.optimizer_offload:
+        whose = " of the policy and the critic" if memory.critic_bytes else ""
         lines.append(
-            f"  host memory     {size(memory.host_bytes)}  ({moments}, this rank's share, and two buffers "
+            f"  host memory     {size(memory.host_bytes)}  ({moments}{whose}, this rank's share, and two buffers "
             "of its largest tensor for the step's copies: trainer.optimizer_offload)"
         )
     return "\n".join(lines) + "\n"

@@ -4,7 +4,7 @@
 process what it needs of the model: its architecture, its tokenizer, the
 policy with its initial weights at a tensor-parallel size (built on the CPU,
 then moved to the process's device, in the job's precision), the KL reference,
-and the export of trained weights as an HF checkpoint of the same family with
+PPO's critic, and the export of trained weights as an HF checkpoint of the same family with
 the same config, tokenizer and chat template.
 """
 
@@ -35,6 +35,7 @@ from elastic_rl.model.convert.hf_export import (
 from elastic_rl.model.convert.hf_import import import_hf_weights
 from elastic_rl.model.gpt import DEFAULT_OPTIONS, ModelOptions, build_gpt
 from elastic_rl.model.tokenizer import load_tokenizer, padded_vocab_size
+from elastic_rl.model.value_head import attach_value_head
 from elastic_rl.spec.model import ModelSpec
 from elastic_rl.spec.trainer import Recompute
 
@@ -104,6 +105,25 @@ class ModelSource:
         else:
             model = self._load(Path(reference), options)
         return model.to(device or assigned().torch_device).eval().requires_grad_(False)
+
+    def build_critic(
+        self,
+        policy: torch.nn.Module,
+        checkpoint: Path | None,
+        options: ModelOptions = DEFAULT_OPTIONS,
+        device: torch.device | str | None = None,
+    ) -> torch.nn.Module:
+        """PPO's critic on ``device`` (by default the process's): a copy of the freshly built policy, or
+        ``checkpoint`` (of the policy's architecture), with a zero value head (``model.value_head``). Trained,
+        and so snapshotted and healed beside the policy."""
+        if checkpoint is None:
+            model = build_gpt(self.architecture, _tp_size(), options)
+            model.load_state_dict(policy.state_dict())
+        else:
+            model = self._load(checkpoint, options)
+        model = model.to(device or assigned().torch_device)
+        attach_value_head(model)
+        return model
 
     def link_as_export(self, directory: Path) -> int:
         """The pretrained checkpoint as the initial export, its weight files hard-linked (copied across

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, ValidationInfo, field_validator, model_validator
 
@@ -29,6 +29,8 @@ class AdvantageEstimator(str, Enum):
     """Returns (reward plus any per-token KL penalty ahead) whitened over the rollout batch."""
     REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
     """REINFORCE++ on rewards minus their group's mean."""
+    PPO = "ppo"
+    """GAE over a critic's values (``algorithm.critic``), whitened over the rollout batch."""
 
 
 class LossAggregation(str, Enum):
@@ -56,6 +58,23 @@ class DistillationSpec(Component):
     _teacher_exists = field_validator("teacher")(existing_checkpoint)
 
 
+class CriticSpec(Component):
+    """PPO's value model, trained beside the policy in the same replicas (slime's critic)."""
+
+    hf_checkpoint: Path | None = None
+    """An HF checkpoint of the policy's architecture to start the critic's body from; unset, the policy's
+    initial weights. Its value head (hidden size to one scalar) always starts at zero."""
+    lr: PositiveFloat | None = None
+    """The critic's learning rate, on the policy's schedule (warmup and decay); unset, trainer.lr."""
+    value_clip: PositiveFloat = 0.2
+    """A value may move at most this far from the rollout's old value before its loss stops pulling it
+    (the larger of the clipped and unclipped squared errors is taken; slime's --value-clip)."""
+    warmup_rollouts: int = Field(0, ge=0)
+    """Rollouts in which only the critic learns and the policy holds still (slime's --num-critic-only-steps)."""
+
+    _checkpoint_exists = field_validator("hf_checkpoint")(existing_checkpoint)
+
+
 class AlgorithmSpec(Component):
     """The objective: RL (an advantage estimator, asymmetric PPO clipping, optional TIS, OPSM, KL and
     entropy terms) or SFT."""
@@ -67,7 +86,14 @@ class AlgorithmSpec(Component):
     advantage_estimator: AdvantageEstimator = AdvantageEstimator.GRPO
     """`grpo`, `gspo` (GRPO's advantages, a sequence-level ratio clipped per sequence),
     `reinforce_plus_plus` (returns whitened over the rollout batch) or
-    `reinforce_plus_plus_baseline` (the same on rewards minus their group's mean)."""
+    `reinforce_plus_plus_baseline` (the same on rewards minus their group's mean) or `ppo` (GAE over
+    the values of algorithm.critic, which it needs)."""
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """`ppo`: the discount per token in GAE (slime's --gamma)."""
+    gae_lambda: float = Field(1.0, ge=0.0, le=1.0)
+    """`ppo`: GAE's lambda, from 0 (one-step TD errors) to 1 (the whole return less the value; slime's --lambd)."""
+    critic: CriticSpec | None = None
+    """`ppo`'s value model, with its defaults when the section is left out; only with advantage_estimator ppo."""
     loss_aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
     """How per-token losses become the step's loss: `token_mean` over the global batch's tokens,
     `seq_mean_token_mean` / `seq_mean_token_sum` over its sequences, or `rollout_token_mean` over the
@@ -148,6 +174,23 @@ class AlgorithmSpec(Component):
     def _sft_has_no_advantages_to_distil(self) -> AlgorithmSpec:
         if self.kind is AlgorithmKind.SFT and self.distillation is not None:
             raise ValueError("distillation changes advantages, which kind sft has none of: drop distillation")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ppo_has_a_critic(cls, data: Any) -> Any:
+        """``ppo`` without a critic section takes the critic's defaults."""
+        if isinstance(data, dict) and data.get("advantage_estimator") in ("ppo", AdvantageEstimator.PPO):
+            return {"critic": {}, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _only_ppo_has_a_critic(self) -> AlgorithmSpec:
+        ppo = self.kind is AlgorithmKind.RL and self.advantage_estimator is AdvantageEstimator.PPO
+        if self.critic is not None and not ppo:
+            raise ValueError(
+                "algorithm.critic is trained for advantage_estimator ppo (of kind rl) only: set it, or drop the critic"
+            )
         return self
 
     @property

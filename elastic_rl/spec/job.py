@@ -185,6 +185,41 @@ class JobSpec(Component):
         return self
 
     @model_validator(mode="after")
+    def _critic_fits_the_trainer(self) -> JobSpec:
+        """Joins algorithm, model and trainer."""
+        critic = self.algorithm.critic
+        if critic is None:
+            return self
+        trainer = self.trainer
+        clashes = {
+            "trainer.sequence_parallel false": trainer.sequence_parallel,
+            "trainer.context_parallel 1": trainer.context_parallel > 1,
+            "trainer.expert_parallel 1": trainer.expert_parallel > 1,
+            "trainer.dtype fp32 or bf16": trainer.dtype is Precision.BF16_PARAMS,
+        }
+        needs = ", ".join(setting for setting, clash in clashes.items() if clash)
+        if needs:
+            raise ValueError(
+                f"algorithm.critic is built for dense models without sequence or context parallelism: set {needs}"
+            )
+        if self.model.hf_checkpoint is not None and from_hf_config(self.model.hf_checkpoint).experts is not None:
+            raise ValueError(
+                "algorithm.critic is built for dense models: use another advantage_estimator for a mixture of experts"
+            )
+        if critic.hf_checkpoint is None:
+            return self
+        if self.model.hf_checkpoint is None:
+            raise ValueError(
+                "algorithm.critic.hf_checkpoint: a critic checkpoint needs a policy from model.hf_checkpoint"
+            )
+        if from_hf_config(critic.hf_checkpoint) != from_hf_config(self.model.hf_checkpoint):
+            raise ValueError(
+                f"algorithm.critic.hf_checkpoint {critic.hf_checkpoint}: its architecture differs from "
+                "model.hf_checkpoint's (the critic is built as the policy is)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _colocation_fits(self) -> JobSpec:
         """Joins placement with engines, trainer, rollout, fault_tolerance and debug."""
         if self.placement is not PlacementMode.COLOCATED:

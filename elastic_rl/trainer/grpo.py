@@ -31,13 +31,12 @@ from megatron.core import parallel_state
 from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
 from checkpoints.rollout_log import RolloutBatch
-from elastic_rl.algo.advantages import distilled, token_advantages
+from elastic_rl.algo.advantages import distilled, explained_variance, gae, token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
 from elastic_rl.layer_names import is_split_over_experts, is_summed_over_tensor_ranks
 from elastic_rl.model.expert_load import ExpertLoad
-from elastic_rl.model.packing import ModelInput, packed_input, padded_input
 from elastic_rl.model.pipeline import (
     largest_over_stages,
     micro_batches_over_expert_ranks,
@@ -45,13 +44,13 @@ from elastic_rl.model.pipeline import (
     sum_over_stages,
 )
 from elastic_rl.model.routing_replay import RoutingReplay
-from elastic_rl.model.token_scores import Entropy, token_scores
-from elastic_rl.routing_record import replayable
-from elastic_rl.spec.algorithm import AlgorithmKind
+from elastic_rl.model.token_scores import Entropy
+from elastic_rl.spec.algorithm import AdvantageEstimator, AlgorithmKind
 from elastic_rl.spec.job import JobSpec
+from elastic_rl.trainer.critic import Critic
 from elastic_rl.trainer.grad_norm import grad_norm, gradient_of
 from elastic_rl.trainer.master_weights import MasterWeights
-from elastic_rl.trainer.micro_batches import fixed_micro_batches, token_budget_micro_batches
+from elastic_rl.trainer.micro_batches import MicroBatch, fixed_micro_batches, token_budget_micro_batches
 from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere
 from policies.straggler import StragglerVerdict, judge, peer_ratios
 
@@ -67,45 +66,17 @@ METRIC_NAMES = (
     "tis_weight_mean",
     "tis_clipped_fraction",
     "opsm_masked_fraction",
+    "value_loss",
+    "value_clipfrac",
 )
 # Reported only with algorithm.tis_cap: the mean TIS weight, and the share of tokens whose weight is the cap.
 TIS_ONLY = ("tis_weight_mean", "tis_clipped_fraction")
 # Reported only with algorithm.opsm: the share of tokens it kept out of the policy gradient.
 OPSM_ONLY = ("opsm_masked_fraction",)
+# Reported only with a critic (advantage_estimator ppo).
+CRITIC_ONLY = ("value_loss", "value_clipfrac", "critic_grad_norm")
 # Meaningless for SFT, which has no old policy, clipping or reference; its loss is the NLL.
 POLICY_GRADIENT_ONLY = ("pg_loss", "ppo_kl", "first_step_ppo_kl", "clipfrac", "kl", *TIS_ONLY, *OPSM_ONLY)
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """Samples of the rollout that go through the model together, and how the model takes them."""
-
-    rows: torch.Tensor
-    width: int
-    """Its longest sample's length, which the rollout's tensors are cut to for it."""
-    model_input: ModelInput
-    """Its samples padded to ``width`` or packed end to end (``trainer.packing``)."""
-
-    @classmethod
-    def of(cls, batch: RolloutBatch, rows: torch.Tensor, packed: bool) -> MicroBatch:
-        lengths = batch.prompt_lengths[rows] + batch.response_lengths[rows]
-        width = int(lengths.max())
-        lay_out = packed_input if packed else padded_input
-        routing = None if batch.routed_experts is None else replayable(batch.routed_experts[rows, :width])
-        tokens, prompts = batch.tokens[rows, :width], batch.prompt_lengths[rows].cpu()
-        return cls(rows, width, lay_out(tokens, prompts, lengths.cpu(), routing))
-
-    @property
-    def cut(self) -> tuple[torch.Tensor, slice]:
-        return self.rows, slice(0, self.width)
-
-    def scores(self, model, hidden: torch.Tensor, temperature: float, entropy: Entropy):
-        """The log prob and entropy (None with ``Entropy.NONE``) of its tokens, ``[samples, width]`` as the
-        rollout's tensors cut to it, 0 where nothing is scored, from the final hidden states of its scored
-        positions."""
-        item = self.model_input
-        logp, ent = token_scores(model, hidden, item.targets, temperature, entropy)
-        return item.spread(logp, self.width), None if ent is None else item.spread(ent, self.width)
 
 
 def all_finite(values: torch.Tensor) -> bool:
@@ -177,6 +148,12 @@ class RolloutContext:
     distillation_kl: float | None = None
     """With algorithm.distillation: the mean over response tokens of the student's log prob minus the
     teacher's (the reverse KL the advantages paid)."""
+    old_values: torch.Tensor | None = None
+    """With a critic (ppo): its values before the rollout's first step, which GAE took."""
+    returns: torch.Tensor | None = None
+    """With a critic: what its values are trained toward (GAE's advantages before whitening, plus the values)."""
+    explained_variance: float | None = None
+    """With a critic: how much of the returns' variance its old values explained."""
     metrics: StepMetrics = field(default_factory=StepMetrics)
     started: float = field(default_factory=time.monotonic)
     prepare_time: float = 0.0
@@ -187,6 +164,7 @@ class RolloutContext:
         return {
             "rollout_id": self.rollout_id,
             "old_logp": self.old_logp,
+            "old_values": self.old_values,
             "logprob_gap": None if self.logprob_gap is None else asdict(self.logprob_gap),
             "metrics": self.metrics.values,
         }
@@ -214,6 +192,7 @@ class GrpoTrainer:
         reference=None,
         before_optimizer_step=None,
         teacher=None,
+        critic: Critic | None = None,
     ):
         self.spec = spec
         # Called before each optimizer step, which changes the state a snapshot may still be copying;
@@ -227,6 +206,8 @@ class GrpoTrainer:
         self.reference = reference
         self.teacher = teacher
         """With algorithm.distillation: the frozen teacher, scored like the reference."""
+        self.critic = critic
+        """With advantage_estimator ppo: the critic, trained in the same steps."""
         # A rank's own experts first: their gradients are summed over other ranks than the rest's.
         trained = [p for p in model.parameters() if p.requires_grad]
         self.parameters = sorted(trained, key=lambda p: not is_split_over_experts(p))
@@ -344,24 +325,54 @@ class GrpoTrainer:
         ref_gap = None if ref_logp is None else ((ref_logp - old_logp).abs() * mask).max().item()
         # KL in the reward is the rollout's policy against the reference, fixed for all its steps.
         token_kl = KL_ESTIMATORS[algorithm.kl_estimator](old_logp, ref_logp) if algorithm.kl_in_reward else None
-        advantages = token_advantages(
-            algorithm.advantage_estimator,
-            batch.rewards,
-            mask,
-            self.spec.rollout.n_samples_per_prompt,
-            algorithm.normalize_advantages_by_std,
-            token_kl,
-            algorithm.kl_coef,
-            algorithm.advantage_std_epsilon,
-        )
+        critic_fields = {}
+        if algorithm.advantage_estimator is AdvantageEstimator.PPO:
+            if healed is not None:
+                old_values = healed["old_values"]
+            else:
+                micro_batches = self._micro_batches(batch, torch.arange(batch.size), scale=2)
+                old_values = self.critic.values(micro_batches, batch.tokens.shape, self.device)
+            estimate = gae(
+                batch.rewards, old_values, mask, algorithm.gamma, algorithm.gae_lambda, token_kl, algorithm.kl_coef
+            )
+            advantages = estimate.advantages
+            critic_fields = {
+                "old_values": old_values,
+                "returns": estimate.returns,
+                "explained_variance": explained_variance(old_values, estimate.returns, mask),
+            }
+        else:
+            advantages = token_advantages(
+                algorithm.advantage_estimator,
+                batch.rewards,
+                mask,
+                self.spec.rollout.n_samples_per_prompt,
+                algorithm.normalize_advantages_by_std,
+                token_kl,
+                algorithm.kl_coef,
+                algorithm.advantage_std_epsilon,
+            )
         distillation_kl = None
         if self.teacher is not None:
             teacher_logp = self._log_probs(self.teacher, batch)
             advantages = distilled(advantages, old_logp, teacher_logp, mask, algorithm.distillation.coef)
             distillation_kl = (((old_logp - teacher_logp) * mask).sum() / mask.sum().clamp(min=1)).item()
         return RolloutContext(
-            rollout_id, batch, mask, advantages, old_logp, ref_logp, gap, ref_gap, distillation_kl=distillation_kl
+            rollout_id,
+            batch,
+            mask,
+            advantages,
+            old_logp,
+            ref_logp,
+            gap,
+            ref_gap,
+            distillation_kl=distillation_kl,
+            **critic_fields,
         )
+
+    def _critic_only(self, ctx: RolloutContext) -> bool:
+        """In the critic's warmup rollouts the policy holds still."""
+        return self.critic is not None and ctx.rollout_id < self.critic.settings.warmup_rollouts
 
     def _shard_loss(
         self,
@@ -421,21 +432,36 @@ class GrpoTrainer:
                         if tis is None
                         else reduce_global((tis >= spec.algorithm.tis_cap).float(), m, global_tokens).item(),
                         0.0 if terms.opsm_masked is None else reduce_global(terms.opsm_masked, m, global_tokens).item(),
+                        0.0,  # the value loss and its clip fraction: the critic's pass adds them
+                        0.0,
                     ]
                 )
             )
             return loss
 
         inputs = [mb.model_input for mb in micro_batches]
+        learns = backward and not self._critic_only(ctx)
         with self._counting_agreement() if measure_gap else contextlib.nullcontext():
-            if self.expert_load is None or not backward:
-                run_micro_batches(self.model, inputs, score, backward)
+            if self.expert_load is None or not learns:
+                run_micro_batches(self.model, inputs, score, learns)
             else:
                 self._scale_aux_loss(len(micro_batches))
                 with self.expert_load.counting():
-                    run_micro_batches(self.model, inputs, score, backward)
+                    run_micro_batches(self.model, inputs, score, learns)
         if measure_gap:
             ctx.logprob_gap = (ctx.logprob_gap or LogprobGap(0.0, None)).over_stages(self.device)
+        if self.critic is not None:
+            value_sums = self.critic.shard_loss(
+                micro_batches,
+                ctx.old_values,
+                ctx.returns,
+                ctx.mask,
+                lambda per_token, m: aggregate(per_token, m, how, normaliser, global_samples),
+                global_tokens,
+                backward=backward,
+            )
+            start = METRIC_NAMES.index("value_loss")
+            sums[start : start + 2] = torch.tensor(value_sums)
         return sums
 
     def _counting_agreement(self):
@@ -466,12 +492,20 @@ class GrpoTrainer:
         flat.zero_()  # the gradients (every .grad is a view of it), sums and verdicts of the last step
         if self.master is not None:
             self.master.zero_grad()
+        critic_gradients = [] if self.critic is None else [self.critic.gradients]
+        for gradients in critic_gradients:
+            gradients.zero_()
         measure_gap = spec.algorithm.use_rollout_logprobs and index == 0
         mine = self._data_rank_part(shards[rank])
         sums = self._shard_loss(ctx, mine, global_tokens, global_batch, backward=True, measure_gap=measure_gap)
-        for param in self.summed_over_tensor_ranks:
+        critic_summed = [] if self.critic is None else self.critic.summed_over_tensor_ranks
+        for param in [*self.summed_over_tensor_ranks, *critic_summed]:
             torch.distributed.all_reduce(gradient_of(param), group=parallel_state.get_tensor_model_parallel_group())
-        local_finite = bool(sums.isfinite().all()) and bool(grad_norm(self.parameters).isfinite())
+        local_finite = (
+            bool(sums.isfinite().all())
+            and bool(grad_norm(self.parameters).isfinite())
+            and all(all_finite(gradients) for gradients in critic_gradients)
+        )
         own_time = self._replica_time(time.monotonic() - step_started)
 
         # One all-reduce (beside it, megatron's gradient buffers with bf16 parameters): gradients, metric sums,
@@ -488,11 +522,10 @@ class GrpoTrainer:
         sum_over_stages(flat[offset:])  # the last stage's metric sums; every stage's verdict
         self._sum_over_context_ranks(flat[:offset], verdicts)
         self._sum_step_over_data_ranks(flat)
-        for buffer in self.gradient_buffers:
+        for buffer in [*self.gradient_buffers, *critic_gradients]:
             self._sum_over_data_ranks(buffer)
-        pending = [
-            self.manager.allreduce(t, reduce_op=torch.distributed.ReduceOp.SUM) for t in [flat, *self.gradient_buffers]
-        ]
+        summed = [flat, *self.gradient_buffers, *critic_gradients]
+        pending = [self.manager.allreduce(t, reduce_op=torch.distributed.ReduceOp.SUM) for t in summed]
         for work in pending:
             work.wait()
         sums = flat[offset : offset + len(METRIC_NAMES)]
@@ -503,7 +536,7 @@ class GrpoTrainer:
             health = StepHealth(
                 participants=participants,
                 nonfinite=frozenset(r for r in range(replicas) if verdicts[r] > 0),
-                reduced_finite=all(all_finite(t) for t in [flat, *self.gradient_buffers]),
+                reduced_finite=all(all_finite(t) for t in summed),
             )
             if health.nonfinite:
                 health = self._recompute(ctx, health, shards, verdicts, global_tokens)
@@ -516,12 +549,15 @@ class GrpoTrainer:
         committed = self.manager.should_commit()
         gate_time = self.before_optimizer_step()
         if committed:
-            if self.master is None:
-                torch.nn.utils.clip_grads_with_norm_(self.parameters, spec.trainer.clip_grad, norm)
-            else:
-                self.master.clip(spec.trainer.clip_grad, norm)
-            self.optimizer.step()
-            self.scheduler.step()
+            if not self._critic_only(ctx):
+                if self.master is None:
+                    torch.nn.utils.clip_grads_with_norm_(self.parameters, spec.trainer.clip_grad, norm)
+                else:
+                    self.master.clip(spec.trainer.clip_grad, norm)
+                self.optimizer.step()
+                self.scheduler.step()
+            if self.critic is not None:
+                ctx.metrics.add(critic_grad_norm=self.critic.step(spec.trainer.clip_grad))
             self.consecutive_skips = 0
             if index == 0:
                 ctx.metrics.add(first_step_ppo_kl=sums[METRIC_NAMES.index("ppo_kl")])
@@ -635,6 +671,8 @@ class GrpoTrainer:
             means = {name: value for name, value in means.items() if name not in TIS_ONLY}
         if not algorithm.opsm:
             means = {name: value for name, value in means.items() if name not in OPSM_ONLY}
+        if self.critic is None:
+            means = {name: value for name, value in means.items() if name not in CRITIC_ONLY}
         result = {f"train/{name}": value for name, value in means.items()}
         if ctx.logprob_gap is not None:
             result["train/logprob_abs_diff_max"] = ctx.logprob_gap.every
@@ -644,6 +682,8 @@ class GrpoTrainer:
             result["train/ref_logprob_abs_diff_max"] = ctx.ref_gap
         if ctx.distillation_kl is not None:
             result["train/distillation_reverse_kl"] = ctx.distillation_kl
+        if ctx.explained_variance is not None:
+            result["train/explained_variance"] = ctx.explained_variance
         # The snapshot gate's cost is the rollout's total, not a per-step mean.
         result["train/snapshot_gate_time"] = sum(ctx.metrics.values.get("snapshot_gate_time", []))
         if self.expert_load is not None:

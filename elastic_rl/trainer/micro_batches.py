@@ -5,11 +5,19 @@ Either a fixed number of samples each (``trainer.micro_batch_size``), or, with
 holds at most that many tokens: packed (``trainer.packing``), the samples' own tokens
 (slime's dynamic batch size); padded, its samples times its longest one's length. The
 losses are normalised by the global batch, so the gradient does not depend on the grouping.
+A ``MicroBatch`` is one group with its model input: padded, or packed end to end.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from checkpoints.rollout_log import RolloutBatch
+from elastic_rl.model.packing import ModelInput, packed_input, padded_input
+from elastic_rl.model.token_scores import Entropy, token_scores
+from elastic_rl.routing_record import replayable
 
 
 def fixed_micro_batches(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
@@ -47,3 +55,35 @@ def padding_fraction(micro_batches: list[torch.Tensor], lengths: torch.Tensor, w
         slots += padded * len(rows)
         used += int(lengths[rows].sum())
     return 1 - used / slots if slots else 0.0
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Samples of the rollout that go through the model together, and how the model takes them."""
+
+    rows: torch.Tensor
+    width: int
+    """Its longest sample's length, which the rollout's tensors are cut to for it."""
+    model_input: ModelInput
+    """Its samples padded to ``width`` or packed end to end (``trainer.packing``)."""
+
+    @classmethod
+    def of(cls, batch: RolloutBatch, rows: torch.Tensor, packed: bool) -> MicroBatch:
+        lengths = batch.prompt_lengths[rows] + batch.response_lengths[rows]
+        width = int(lengths.max())
+        lay_out = packed_input if packed else padded_input
+        routing = None if batch.routed_experts is None else replayable(batch.routed_experts[rows, :width])
+        tokens, prompts = batch.tokens[rows, :width], batch.prompt_lengths[rows].cpu()
+        return cls(rows, width, lay_out(tokens, prompts, lengths.cpu(), routing))
+
+    @property
+    def cut(self) -> tuple[torch.Tensor, slice]:
+        return self.rows, slice(0, self.width)
+
+    def scores(self, model, hidden: torch.Tensor, temperature: float, entropy: Entropy):
+        """The log prob and entropy (None with ``Entropy.NONE``) of its tokens, ``[samples, width]`` as the
+        rollout's tensors cut to it, 0 where nothing is scored, from the final hidden states of its scored
+        positions."""
+        item = self.model_input
+        logp, ent = token_scores(model, hidden, item.targets, temperature, entropy)
+        return item.spread(logp, self.width), None if ent is None else item.spread(ent, self.width)

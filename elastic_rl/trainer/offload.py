@@ -6,8 +6,8 @@ release their memory before it is committed; a rank waits for the commit, then l
 the device (``onload``) and trains; after the rollout's last step it offloads (``offload``), writes
 what each phase peaked at, and publishes the weights, which the engines resume to take.
 
-On a GPU the parameters (the reference model's too), their gradients and the optimizer's state (unless
-``trainer.optimizer_offload`` keeps it there already: ``optimizer`` None) move to host memory and the
+On a GPU the parameters (the reference's, teacher's and critic's too), their gradients and the optimizers'
+state (unless ``trainer.optimizer_offload`` keeps it there already: no optimizers given) move to host memory and the
 caching allocator hands the freed blocks back to the driver; the engines sharing the device get that
 room. On a CPU slot there is nowhere else to put them: both moves are
 no-ops and only their place in the protocol, their timing and their timeout run.
@@ -41,14 +41,14 @@ class Residency:
 
     def __init__(
         self,
-        modules: Iterable[torch.nn.Module],
-        optimizer: torch.optim.Optimizer | None,
+        modules: Iterable[torch.nn.Module | None],
+        optimizers: Iterable[torch.optim.Optimizer],
         device: torch.device,
         timeout_s: float,
         exit: Callable[[int], None] = os._exit,
     ):
         self.modules = [module for module in modules if module is not None]
-        self.optimizer = optimizer
+        self.optimizers = list(optimizers)
         self.device = device
         self.timeout_s = timeout_s
         self._exit = exit
@@ -86,7 +86,7 @@ class Residency:
                 param.data = param.data.to(where)
                 if param.grad is not None:
                     param.grad = param.grad.to(where)
-        for state in self.optimizer.state.values() if self.optimizer is not None else ():
+        for state in (state for optimizer in self.optimizers for state in optimizer.state.values()):
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):  # the moments, and the fused kernel's step counter
                     state[key] = value.to(where)

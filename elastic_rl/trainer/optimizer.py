@@ -30,8 +30,8 @@ from policies.devices import Precision
 
 
 def build_optimizer(model: torch.nn.Module, trainer: TrainerSpec) -> torch.optim.Optimizer | MasterWeights:
-    """The optimizer of ``model``, this rank's part of the replica, freshly built (in bf16-params this casts
-    the model to bf16)."""
+    """The optimizer of ``model``'s trained parameters, this rank's part of the replica, freshly built (in
+    bf16-params this casts the model to bf16)."""
     if trainer.dtype is Precision.BF16_PARAMS:
         return MasterWeights(model, trainer)
     settings = {
@@ -42,14 +42,15 @@ def build_optimizer(model: torch.nn.Module, trainer: TrainerSpec) -> torch.optim
         "fused": True,
     }
     adamw = HostAdamW if trainer.optimizer_offload else torch.optim.AdamW
+    trained = [param for param in model.parameters() if param.requires_grad]
     if trainer.data_parallel > 1 and trainer.shard_optimizer:
         return ZeroRedundancyOptimizer(
-            list(model.parameters()),
+            trained,
             optimizer_class=adamw,
             process_group=parallel_state.get_data_parallel_group(),
             **settings,
         )
-    return adamw(model.parameters(), **settings)
+    return adamw(trained, **settings)
 
 
 def local_optimizer(optimizer: torch.optim.Optimizer | MasterWeights) -> torch.optim.Optimizer | MasterWeights:

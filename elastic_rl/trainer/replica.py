@@ -65,6 +65,7 @@ from elastic_rl.model.export import write_initial_checkpoint
 from elastic_rl.model.gpt import ModelOptions, init_model_parallel
 from elastic_rl.model.source import ModelSource
 from elastic_rl.net import LOOPBACK
+from elastic_rl.trainer.critic import Critic
 from elastic_rl.trainer.grpo import GrpoTrainer, RolloutContext
 from elastic_rl.trainer.heal_transport import LoopbackTransport
 from elastic_rl.trainer.lr_schedule import lr_lambda
@@ -152,12 +153,17 @@ class TrainerReplica:
         for frozen in (self.reference, self.teacher):
             if frozen is not None and precision is Precision.BF16_PARAMS:
                 frozen.bfloat16()  # as the policy computes once its optimizer casts it
+        self.steps_per_rollout = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
+        self.total_steps = spec.rollout.num_rollouts * self.steps_per_rollout
+        self.critic = None
+        if spec.algorithm.critic is not None:
+            # Built from the fresh policy, like the reference; unlike it, trained, snapshotted and healed.
+            model = self.source.build_critic(self.model, spec.algorithm.critic.hf_checkpoint, options, where)
+            self.critic = Critic(spec, model, self.total_steps)
         self.optimizer = build_optimizer(self.model, spec.trainer)
         # This rank's part of the optimizer's state (all of it, unless sharded): what snapshots, heals and
         # offloads take.
         self.local_optimizer = local_optimizer(self.optimizer)
-        self.steps_per_rollout = spec.rollout.samples_per_rollout // spec.trainer.global_batch_size
-        self.total_steps = spec.rollout.num_rollouts * self.steps_per_rollout
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(scheduled(self.optimizer), lr_lambda(spec, self.total_steps))
         self.state = TrainingState(
             self.model,
@@ -165,14 +171,17 @@ class TrainerReplica:
             self.scheduler,
             main_weights(self.optimizer),
             optimizer_on_host=spec.trainer.optimizer_offload,
+            critic=None if self.critic is None else self.critic.training_state(on_host=spec.trainer.optimizer_offload),
         )
         self.spec_hash = jobenv.spec_hash(spec)
         # Colocated: the state leaves the device for the engines' turn (``trainer.offload``).
         self.residency = None
         if spec.colocated:
+            critic = self.critic
+            optimizers = [self.local_optimizer] + ([critic.local_optimizer] if critic is not None else [])
             self.residency = Residency(
-                (self.model, self.reference, self.teacher),
-                None if spec.trainer.optimizer_offload else self.local_optimizer,
+                (self.model, self.reference, self.teacher, None if critic is None else critic.model),
+                [] if spec.trainer.optimizer_offload else optimizers,
                 torch.device(where),
                 spec.fault_tolerance.handover_timeout_s,
             )
@@ -286,6 +295,7 @@ class TrainerReplica:
             self.reference,
             self.snapshots.wait_staged,
             teacher=self.teacher,
+            critic=self.critic,
         )
         install_from_environment(self.trainer, self.replica)  # the chaos harness's NaN fault, if it set one
         broadcaster = None
@@ -331,6 +341,7 @@ class TrainerReplica:
             "optim": self.local_optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rollout": self.context.heal_state() if self.context is not None else None,
+            "critic": None if self.critic is None else self.critic.heal_state(),
         }
 
     def heal(self, state: dict[str, Any]) -> None:
@@ -338,6 +349,8 @@ class TrainerReplica:
         self.local_optimizer.load_state_dict(state["optim"])
         self.scheduler.load_state_dict(state["scheduler"])
         take_scheduled_rates(self.optimizer, self.scheduler)
+        if self.critic is not None:
+            self.critic.heal(state["critic"])
         self.healed.update(rollout=state["rollout"])
 
     # --- the loop --------------------------------------------------------------

@@ -28,7 +28,7 @@ def test_offload_frees_the_device_and_onload_trains_on_unchanged():
     optimizers = [torch.optim.AdamW(m.parameters(), fused=True) for m in models]
     for model, optimizer in zip(models, optimizers):
         step(model, optimizer)
-    residency = Residency([models[1]], optimizers[1], torch.device("cuda"), timeout_s=60)
+    residency = Residency([models[1]], [optimizers[1]], torch.device("cuda"), timeout_s=60)
     held = torch.cuda.memory_allocated()
     residency.offload()
     # Parameters, gradients and both AdamW moments of one model: about four times its 4 MB left the device.

@@ -61,7 +61,7 @@ def test_colocated_handover_moves_the_weights_and_leaves_the_moments_in_host_mem
     optimizer = HostAdamW(model.parameters(), **SETTINGS)
     step(model, optimizer, 0)
     moments = {id(value) for state in optimizer.state.values() for value in state.values()}
-    residency = Residency([model], None, torch.device("cuda"), timeout_s=60)
+    residency = Residency([model], [], torch.device("cuda"), timeout_s=60)
     residency.offload()
     assert all(p.device.type == "cpu" for p in model.parameters())
     residency.onload()

@@ -30,7 +30,13 @@ TTL_S = 6  # the default is 10; 6 leaves an etcd election on a loaded machine ro
 
 
 def job(rollouts: int = ROLLOUTS) -> list[str]:
+    """The tiny job at two replicas, trained with PPO: the critic beside each replica's policy dies, heals
+    or resumes, and is compared with it (its values steer the policy's advantages)."""
     return [
+        "--set",
+        "algorithm.advantage_estimator=ppo",
+        "--set",
+        "algorithm.critic.warmup_rollouts=1",
         "--set",
         f"rollout.num_rollouts={rollouts}",
         "--set",

@@ -157,6 +157,25 @@ def test_a_context_parallel_replica_loses_no_step_to_a_kill(daemon, tmp_path):
 
 @pytest.mark.chaos
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "tensor_parallel, pipeline_parallel, data_parallel", [(2, 1, 1), (1, 2, 1), (1, 1, 2)], ids=["tp2", "pp2", "dp2"]
+)
+def test_a_ppo_replica_loses_no_step_to_a_kill(daemon, tmp_path, tensor_parallel, pipeline_parallel, data_parallel):
+    """PPO, its critic beside the policy in every rank, at each layout: replica 1's last rank killed, the
+    survivor trains both models alone, and the weights end within fp32 noise of the fault-free run's."""
+    check_a_replica_kill(
+        daemon,
+        tmp_path,
+        replicas=2,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+        data_parallel=data_parallel,
+        algorithm=["algorithm.advantage_estimator=ppo"],
+    )
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("tensor_parallel", [1, 2])
 def test_killing_one_of_three_replicas_loses_no_step(daemon, tmp_path, tensor_parallel):
     check_a_replica_kill(daemon, tmp_path, replicas=3, tensor_parallel=tensor_parallel)
@@ -172,8 +191,10 @@ def check_a_replica_kill(
     data_parallel: int = 1,
     pipeline_parallel: int = 1,
     context_parallel: int = 1,
+    algorithm: list[str] = (),
 ) -> None:
-    """The job fault-free, then with replica 1's last rank killed: the same weights within fp32 noise."""
+    """The job fault-free, then with replica 1's last rank killed: the same weights within fp32 noise.
+    ``algorithm``: overrides of the algorithm section."""
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     job = replica_job(
         replicas,
@@ -182,7 +203,7 @@ def check_a_replica_kill(
         data_parallel=data_parallel,
         pipeline_parallel=pipeline_parallel,
         context_parallel=context_parallel,
-    )
+    ) + [arg for override in algorithm for arg in ("--set", override)]
     run_job(daemon, clean, job, timeout_s=500)
     victim = f"trainer-1-{tensor_parallel * context_parallel * pipeline_parallel * data_parallel - 1}"
     killed = run_job(daemon, faulty, job, [(victim, 2)], timeout_s=500)

@@ -35,11 +35,13 @@ def test_snapshot_is_committed_with_a_manifest(saved_at_tp2):
 
 @pytest.mark.parametrize(("tp", "mode"), [(2, "load"), (1, "load"), (2, "load-offloaded")])
 def test_resume_at_any_tp_restores_the_weights_and_continues(saved_at_tp2, tmp_path, tp, mode):
-    """At TP=2 and 1, and with the optimizer's state loaded into host memory (trainer.optimizer_offload)."""
+    """At TP=2 and 1, and with the optimizer's state loaded into host memory (trainer.optimizer_offload): the
+    policy and PPO's critic beside it (``critic.``), each with its AdamW state and schedule."""
     workdir = tmp_path / "w"
     shutil.copytree(saved_at_tp2, workdir)
     run_module_ranks("tests.integration.snapshot_worker", tp, mode, workdir)
     saved, loaded = weights(saved_at_tp2, "save-tp2"), weights(workdir, f"{mode}-tp{tp}")
+    assert any(name.startswith("critic.value_head.") for name in saved["final"])
     for name, tensor in saved["snapshot"].items():
         assert torch.equal(loaded["snapshot"][name], tensor), name
     for name, tensor in saved["final"].items():

@@ -119,7 +119,7 @@ def test_a_rank_that_cannot_offload_in_time_exits_for_erld_to_restart_it(monkeyp
         exits.append(code)
         ended.set()
 
-    residency = Residency([model], torch.optim.AdamW(model.parameters()), torch.device("cpu"), 0.2, exit_and_unblock)
+    residency = Residency([model], [torch.optim.AdamW(model.parameters())], torch.device("cpu"), 0.2, exit_and_unblock)
     assert residency.offload() < 0.2 and not residency.on_device and not exits  # a no-op on a CPU slot
     monkeypatch.setattr(residency, "device", torch.device("meta"))  # any device that is not the host
     monkeypatch.setattr(residency, "_move_tensors", lambda where: ended.wait(5))

@@ -202,6 +202,21 @@ def test_an_offloaded_optimizer_is_counted_in_host_memory_with_its_copy_buffers(
     assert "host memory" in capsys.readouterr().out
 
 
+def test_a_critic_is_one_more_trained_copy_of_the_model(capsys):
+    policy = rank_memory(LLAMA_8B, Layout(), FP32_WHOLE, tokens=1, sequence=1, frozen_models=0)
+    ppo = rank_memory(LLAMA_8B, Layout(), FP32_WHOLE, tokens=1, sequence=1, frozen_models=0, critic=True)
+    # fp32 weights and gradients, AdamW's two moments: 16 bytes a parameter more; no more activations.
+    assert ppo.critic_bytes == 16 * ppo.parameters and ppo.total == policy.total + ppo.critic_bytes
+    offloaded = rank_memory(
+        LLAMA_8B, Layout(), FP32_WHOLE, tokens=1, sequence=1, frozen_models=0, critic=True, optimizer_offload=True
+    )
+    assert offloaded.critic_bytes == 8 * ppo.parameters
+    assert offloaded.host_bytes == 16 * ppo.parameters + 2 * 128256 * 4096 * 4  # both models' moments
+    assert plan(load_spec(SPEC, ["algorithm.advantage_estimator=ppo"])).memory.critic_bytes > 0
+    assert main(["plan", str(SPEC), "--set", "algorithm.advantage_estimator=ppo"]) == 0
+    assert "critic" in capsys.readouterr().out
+
+
 def test_a_host_too_small_per_slot_everywhere_is_a_shortfall():
     assert host_shortfall(GIB, {}) is None
     assert host_shortfall(GIB, {"a": (4 * GIB, 8), "b": (None, 8)}) is None  # b's is not known

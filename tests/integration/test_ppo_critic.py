@@ -1,0 +1,23 @@
+"""PPO's critic in the trainer's own step: it learns the returns, reads the same values from packed and
+padded micro-batches, and a NaN in it stops the step as one in the policy does."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from tests.processes import run_module_ranks
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
+
+
+def test_the_critic_learns_the_returns_and_its_nan_stops_the_step(tmp_path):
+    out = tmp_path / "result.json"
+    run_module_ranks("tests.integration.ppo_worker", 1, out)
+    result = orjson.loads(out.read_bytes())
+    losses, explained = result["value_loss"], result["explained_variance"]
+    # Its head starts at zero, so its first values explain nothing; ten steps on one rollout fit them.
+    assert explained[0] == pytest.approx(0.0, abs=1e-6)
+    assert losses[-1] < 0.5 * losses[0] and explained[-1] > 0.5, result
+    assert 0 < result["max_value"] and result["packed_padded_values_gap"] <= 1e-5, result
+    assert result["nan_step"] != "committed" and result["nan_step_left_weights"], result
