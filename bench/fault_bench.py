@@ -1,6 +1,7 @@
 """Benchmark: what a failure inside a running job costs, measured in real jobs under erld.
 
     .venv/bin/python bench/fault_bench.py
+    .venv/bin/python bench/fault_bench.py --set algorithm.advantage_estimator=ppo   # the same, with PPO's critic
 
 Two runs of the tiny GRPO job with two trainer replicas and two engines: one
 with no warm spare (a killed replica restarts cold), one with a warm spare.
@@ -42,10 +43,11 @@ HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S = 1.0, 3.0  # the spec defaults
 
 
 def run(
-    root: Path, endpoint: str, name: str, warm_spares: int, faults: list[tuple[str, int, int]]
+    root: Path, endpoint: str, name: str, warm_spares: int, faults: list[tuple[str, int, int]], overrides: list[str]
 ) -> tuple[Path, dict]:
     """Run the job, sending each (process, signal, rollout) fault; return the work dir and fault times."""
     workdir = root / name
+    sets = [arg for override in overrides for arg in ("--set", override)]
     erl(
         "submit",
         str(SPEC),
@@ -57,6 +59,7 @@ def run(
         f"fault_tolerance.warm_spares={warm_spares}",
         "--set",
         "checkpoints.interval_rollouts=4",
+        *sets,
         "--workdir",
         str(workdir),
         "--etcd",
@@ -127,7 +130,9 @@ def engine_recovery(workdir: Path, sent: dict[str, float]) -> dict[str, float]:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="erl-fault-bench-"))
     faults = [
         ("trainer-1-0", signal.SIGKILL, 4),
@@ -140,7 +145,7 @@ def main() -> None:
             ("cold", 0, faults),
             ("warm", 1, [f for f in faults if f[0].startswith("trainer")]),
         ):
-            workdir, sent = run(root, endpoint, name, spares, schedule)
+            workdir, sent = run(root, endpoint, name, spares, schedule, args.overrides)
             step = median(
                 orjson.loads(line)["train/step_time"] for line in (workdir / "metrics.jsonl").read_text().splitlines()
             )

@@ -104,6 +104,11 @@ class FusedAttention(MegatronModule):
         attention is causal (within each sample, packed)."""
         if attention_bias is not None:
             raise ValueError("FusedAttention takes no attention bias")
+        if self.config.context_parallel_size > 1 and not isinstance(packed_seq_params, ContextSplit):
+            # Each rank holds only its chunks: attending over them alone would be silently wrong.
+            raise ValueError(
+                "context parallelism attends over packed micro-batches split by ModelInput.split_over_context"
+            )
         if packed_seq_params is None:
             # [seq, batch, heads, dim] -> [batch, heads, seq, dim], the kernel's layout.
             out = self._attend(*(t.permute(1, 2, 0, 3) for t in (query, key, value)))

@@ -29,6 +29,7 @@ from elastic_rl.model.pipeline import run_micro_batches, sum_over_stages
 from elastic_rl.model.value_head import token_values
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.trainer.grad_norm import grad_norm
+from elastic_rl.trainer.gradient_buffer import view_gradients
 from elastic_rl.trainer.lr_schedule import lr_lambda
 from elastic_rl.trainer.micro_batches import MicroBatch
 from elastic_rl.trainer.optimizer import build_optimizer, local_optimizer, take_scheduled_rates
@@ -57,10 +58,11 @@ class Critic:
         ]
         """As the policy's: parameters each tensor-parallel rank holds whole with a share of the gradient."""
         self.gradients = torch.zeros(sum(param.numel() for param in self.parameters), device=self.parameters[0].device)
-        offset = 0
-        for param in self.parameters:
-            param.grad = self.gradients[offset : offset + param.numel()].view_as(param)
-            offset += param.numel()
+        view_gradients(self.parameters, self.gradients)
+
+    def move_gradients(self, where: torch.device) -> None:
+        self.gradients = self.gradients.to(where)
+        view_gradients(self.parameters, self.gradients)
 
     def training_state(self, *, on_host: bool) -> TrainingState:
         return TrainingState(self.model, self.local_optimizer, self.scheduler, optimizer_on_host=on_host)

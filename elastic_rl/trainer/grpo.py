@@ -49,6 +49,7 @@ from elastic_rl.spec.algorithm import AdvantageEstimator, AlgorithmKind
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.trainer.critic import Critic
 from elastic_rl.trainer.grad_norm import grad_norm, gradient_of
+from elastic_rl.trainer.gradient_buffer import view_gradients
 from elastic_rl.trainer.master_weights import MasterWeights
 from elastic_rl.trainer.micro_batches import MicroBatch, fixed_micro_batches, token_budget_micro_batches
 from policies.nan_guard import Decision, Response, StepHealth, decide, needs_recompute_elsewhere
@@ -248,11 +249,18 @@ class GrpoTrainer:
         buffers instead, and this one holds the rest."""
         size = sum(p.numel() for p in self.parameters) if self.master is None else 0
         reduced = torch.zeros(size + len(METRIC_NAMES) + 3 * replicas, device=self.device)
-        offset = 0
-        for param in self.parameters if self.master is None else ():
-            param.grad = reduced[offset : offset + param.numel()].view_as(param)
-            offset += param.numel()
+        if self.master is None:
+            view_gradients(self.parameters, reduced)
         return reduced, size
+
+    def move_gradients(self, where: torch.device) -> None:
+        """Move the step's buffers (the policy's and the critic's) to ``where``, their views with them
+        (colocated mode's handover): the backward pass then accumulates into the buffers the step sums."""
+        self.reduced = self.reduced.to(where)
+        if self.master is None:
+            view_gradients(self.parameters, self.reduced)
+        if self.critic is not None:
+            self.critic.move_gradients(where)
 
     def _micro_batches(self, batch: RolloutBatch, rows: torch.Tensor, scale: int = 1) -> list[MicroBatch]:
         """``rows`` cut into micro-batches of ``scale`` times the configured size (or token budget)."""

@@ -46,8 +46,14 @@ class Residency:
         device: torch.device,
         timeout_s: float,
         exit: Callable[[int], None] = os._exit,
+        *,
+        gradients: Callable[[torch.device], None] | None = None,
     ):
+        """``gradients``, when given, moves the buffers the modules' gradients are views of (the trainer's,
+        ``trainer.gradient_buffer``), which then leaves each ``.grad`` to it: a view moved on its own would
+        become a tensor of its own, and the step would sum a buffer the backward pass no longer fills."""
         self.modules = [module for module in modules if module is not None]
+        self.gradients = gradients
         self.optimizers = list(optimizers)
         self.device = device
         self.timeout_s = timeout_s
@@ -84,8 +90,10 @@ class Residency:
         for module in self.modules:
             for param in module.parameters():
                 param.data = param.data.to(where)
-                if param.grad is not None:
+                if param.grad is not None and self.gradients is None:
                     param.grad = param.grad.to(where)
+        if self.gradients is not None:
+            self.gradients(where)
         for state in (state for optimizer in self.optimizers for state in optimizer.state.values()):
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):  # the moments, and the fused kernel's step counter

@@ -184,6 +184,7 @@ class TrainerReplica:
                 [] if spec.trainer.optimizer_offload else optimizers,
                 torch.device(where),
                 spec.fault_tolerance.handover_timeout_s,
+                gradients=lambda device: self.trainer.move_gradients(device),
             )
         self.handover_times: dict[str, float] = {}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from elastic_rl.trainer.gradient_buffer import view_gradients
 from elastic_rl.trainer.offload import Residency
 from tests.gpu.conftest import require_gpus
 
@@ -39,3 +40,26 @@ def test_offload_frees_the_device_and_onload_trains_on_unchanged():
         step(model, optimizer)
     for kept, moved in zip(models[0].parameters(), models[1].parameters()):
         assert moved.device.type == "cuda" and torch.equal(kept, moved)
+
+
+def test_gradients_held_in_a_flat_buffer_stay_in_it_through_the_round_trip():
+    """As the trainer holds them (``trainer.gradient_buffer``): after offload and onload the backward pass
+    still accumulates into the buffer the step all-reduces."""
+    require_gpus(1)
+    model = torch.nn.Linear(1024, 1024).cuda()
+    parameters = list(model.parameters())
+    held = {"buffer": torch.zeros(sum(p.numel() for p in parameters), device="cuda")}
+    view_gradients(parameters, held["buffer"])
+
+    def move(where: torch.device) -> None:
+        held["buffer"] = held["buffer"].to(where)
+        view_gradients(parameters, held["buffer"])
+
+    residency = Residency([model], [], torch.device("cuda"), timeout_s=60, gradients=move)
+    residency.offload()
+    assert held["buffer"].device.type == "cpu" and model.weight.device.type == "cpu"
+    residency.onload()
+    held["buffer"].zero_()
+    model(torch.ones(4, 1024, device="cuda")).sum().backward()
+    assert held["buffer"].device.type == "cuda" and held["buffer"].abs().sum() > 0
+    assert model.weight.grad.data_ptr() == held["buffer"].data_ptr()
