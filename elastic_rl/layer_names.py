@@ -81,3 +81,13 @@ def is_summed_over_tensor_ranks(name: str, param: torch.nn.Parameter) -> bool:
     norms of the hidden states, a mixture of experts' routers)."""
     heads = name.endswith(("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"))
     return heads or getattr(param, "sequence_parallel", False)
+
+
+def summed_over_tensor_ranks(model: torch.nn.Module, tensor_ranks: int) -> list[torch.nn.Parameter]:
+    """``model``'s trained parameters whose gradients are summed over its ``tensor_ranks`` ranks after the
+    backward pass (``is_summed_over_tensor_ranks``); none at one rank."""
+    return [
+        param
+        for name, param in model.named_parameters()
+        if param.requires_grad and tensor_ranks > 1 and is_summed_over_tensor_ranks(name, param)
+    ]

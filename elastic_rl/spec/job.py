@@ -25,7 +25,7 @@ from elastic_rl.spec.model import ModelSpec
 from elastic_rl.spec.placement import PlacementMode
 from elastic_rl.spec.rollout import RolloutSpec
 from elastic_rl.spec.sizes import SizeRange, declared_sizes
-from elastic_rl.spec.trainer import TrainerSpec
+from elastic_rl.spec.trainer import TrainerSpec, refuse_unbuilt
 from policies.devices import Precision
 
 
@@ -191,17 +191,15 @@ class JobSpec(Component):
         if critic is None:
             return self
         trainer = self.trainer
-        clashes = {
-            "trainer.sequence_parallel false": trainer.sequence_parallel,
-            "trainer.context_parallel 1": trainer.context_parallel > 1,
-            "trainer.expert_parallel 1": trainer.expert_parallel > 1,
-            "trainer.dtype fp32 or bf16": trainer.dtype is Precision.BF16_PARAMS,
-        }
-        needs = ", ".join(setting for setting, clash in clashes.items() if clash)
-        if needs:
-            raise ValueError(
-                f"algorithm.critic is built for dense models without sequence or context parallelism: set {needs}"
-            )
+        refuse_unbuilt(
+            "algorithm.critic is built for dense models without sequence or context parallelism",
+            {
+                "trainer.sequence_parallel false": trainer.sequence_parallel,
+                "trainer.context_parallel 1": trainer.context_parallel > 1,
+                "trainer.expert_parallel 1": trainer.expert_parallel > 1,
+                "trainer.dtype fp32 or bf16": trainer.dtype is Precision.BF16_PARAMS,
+            },
+        )
         if self.model.hf_checkpoint is not None and from_hf_config(self.model.hf_checkpoint).experts is not None:
             raise ValueError(
                 "algorithm.critic is built for dense models: use another advantage_estimator for a mixture of experts"

@@ -182,7 +182,7 @@ class TrainerSpec(Component):
                 "trainer.sequence_parallel splits the sequence over the tensor-parallel ranks: set "
                 "trainer.tensor_parallel above 1, or drop it"
             )
-        _refuse_unbuilt(
+        refuse_unbuilt(
             "trainer.sequence_parallel is built for one stage of fp32 or bf16 parameters",
             {
                 "trainer.pipeline_parallel 1": self.pipeline_parallel > 1,
@@ -196,7 +196,7 @@ class TrainerSpec(Component):
     def _samples_split_over_context_ranks(self) -> TrainerSpec:
         if self.context_parallel == 1:
             return self
-        _refuse_unbuilt(
+        refuse_unbuilt(
             "trainer.context_parallel is built for packed micro-batches in one stage, without sequence "
             "parallelism, of fp32 or bf16 parameters",
             {
@@ -229,7 +229,7 @@ class TrainerSpec(Component):
         return self
 
 
-def _refuse_unbuilt(built_for: str, clashes: dict[str, bool]) -> None:
+def refuse_unbuilt(built_for: str, clashes: dict[str, bool]) -> None:
     """Refuse the settings ``clashes`` marks True (each named by what to set instead)."""
     needs = ", ".join(setting for setting, clash in clashes.items() if clash)
     if needs:

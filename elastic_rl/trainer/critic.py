@@ -24,7 +24,7 @@ from megatron.core import parallel_state
 
 from checkpoints.snapshot import TrainingState
 from elastic_rl.algo.losses import clipped_value_loss, reduce_global
-from elastic_rl.layer_names import is_summed_over_tensor_ranks
+from elastic_rl.layer_names import summed_over_tensor_ranks
 from elastic_rl.model.pipeline import run_micro_batches, sum_over_stages
 from elastic_rl.model.value_head import token_values
 from elastic_rl.spec.job import JobSpec
@@ -50,12 +50,9 @@ class Critic:
         self.local_optimizer = local_optimizer(self.optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(spec, total_steps))
         self.parameters = [param for param in model.parameters() if param.requires_grad]
-        tensor_ranks = parallel_state.get_tensor_model_parallel_world_size()
-        self.summed_over_tensor_ranks = [
-            param
-            for name, param in model.named_parameters()
-            if param.requires_grad and tensor_ranks > 1 and is_summed_over_tensor_ranks(name, param)
-        ]
+        self.summed_over_tensor_ranks = summed_over_tensor_ranks(
+            model, parallel_state.get_tensor_model_parallel_world_size()
+        )
         """As the policy's: parameters each tensor-parallel rank holds whole with a share of the gradient."""
         self.gradients = torch.zeros(sum(param.numel() for param in self.parameters), device=self.parameters[0].device)
         view_gradients(self.parameters, self.gradients)

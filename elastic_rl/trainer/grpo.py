@@ -35,7 +35,7 @@ from elastic_rl.algo.advantages import distilled, explained_variance, gae, token
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
-from elastic_rl.layer_names import is_split_over_experts, is_summed_over_tensor_ranks
+from elastic_rl.layer_names import is_split_over_experts, summed_over_tensor_ranks
 from elastic_rl.model.expert_load import ExpertLoad
 from elastic_rl.model.pipeline import (
     largest_over_stages,
@@ -214,11 +214,7 @@ class GrpoTrainer:
         self.parameters = sorted(trained, key=lambda p: not is_split_over_experts(p))
         self.expert_gradient_size = sum(p.numel() for p in self.parameters if is_split_over_experts(p))
         tensor_ranks = parallel_state.get_tensor_model_parallel_world_size()
-        self.summed_over_tensor_ranks = [
-            p
-            for name, p in model.named_parameters()
-            if p.requires_grad and tensor_ranks > 1 and is_summed_over_tensor_ranks(name, p)
-        ]
+        self.summed_over_tensor_ranks = summed_over_tensor_ranks(model, tensor_ranks)
         """Parameters each tensor-parallel rank holds whole and computes a share of the gradient of."""
         self.device = self.parameters[0].device
         self.consecutive_skips = 0
