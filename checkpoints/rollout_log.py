@@ -3,15 +3,18 @@ and for a resume to replay.
 
 ``rollouts/<N>/`` holds ``batch.safetensors`` (the tensors of a
 ``RolloutBatch``; with algorithm.routing_replay, each sample's routing
-record among them), ``meta.json`` (the sampler's state after the rollout:
-data source, buffer, bad samples in a row; the prompts drawn, the groups
-dropped and why, each sample's status, the rollout's metrics) and a manifest
-of their sizes and checksums. The meta records the log's format: a rollout
-of another format (written by another version of elastic-rl) is refused,
-never half read. Format 2 is the exception: it differs only in having no
-routing records, and is read as a batch without them (the trainer's own
-routers route its tokens). The folder appears atomically, so a trainer never
-sees half a batch. Samples of a GRPO group are contiguous. A rollout the NaN
+record among them; with teacher engines, the teacher's log probs),
+``meta.json`` (the sampler's state after the rollout: data source, buffer,
+bad samples in a row; the prompts drawn, the groups dropped and why, each
+sample's status, the rollout's metrics) and a manifest of their sizes and
+checksums. The meta records the log's format: a rollout of another format
+(written by another version of elastic-rl) is refused, never half read.
+Formats 2 and 3 are the exceptions: they differ only in having no routing
+records (2) and no teacher's log probs (2 and 3), and are read as batches
+without them (the trainer's own routers route the tokens; a job that had no
+teacher engines has no use for their log probs, and one resumed with them
+turned on stops at the first rollout without them, naming it). The folder
+appears atomically, so a trainer never sees half a batch. Samples of a GRPO group are contiguous. A rollout the NaN
 guard rolls back is quarantined: every trainer skips it, on a replay too.
 Retention cuts the log below the oldest snapshot kept (``cut_below``).
 """
@@ -33,12 +36,13 @@ from elastic_rl.atomic import atomic_directory, write_file_atomic
 from elastic_rl.errors import RolloutLogError
 
 BATCH_FILE = "batch.safetensors"
-LOG_FORMAT = 3
+LOG_FORMAT = 4
 """Written in every rollout's meta; one more whenever the batch's tensors or the meta's keys change
 (2: loss masks, sample metadata and errors in the buffer, the bad-data count; 3: routing records in the
-batch and in the buffer's samples)."""
-READABLE_FORMATS = (2, LOG_FORMAT)
-"""What ``read_meta`` reads: format 2 is format 3 without routing records."""
+batch and in the buffer's samples; 4: the teacher engines' log probs, likewise)."""
+READABLE_FORMATS = (2, 3, LOG_FORMAT)
+"""What ``read_meta`` reads: format 3 is format 4 without teacher log probs, format 2 also without routing
+records."""
 
 
 def response_mask(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -62,6 +66,9 @@ class RolloutBatch:
     routed_experts: torch.Tensor | None = None
     """uint8 or int16 [N, L, layers, topk]: each token's experts as the engine routed it, with
     algorithm.routing_replay (``elastic_rl.routing_record``); None otherwise."""
+    teacher_logprobs: torch.Tensor | None = None
+    """float32 [N, L]: the teacher engines' log prob of each response token (at its position, as
+    engine_logprobs), with algorithm.distillation.engines; None otherwise."""
 
     @property
     def size(self) -> int:

@@ -47,7 +47,18 @@ import orjson
 from checkpoints import layout
 from daemon import engines
 from daemon.draining import relieved_lighthouse_in_use
-from daemon.plan import Endpoints, ProcSpec, Role, command, node_environment, proc_spec, process_env, server_url
+from daemon.plan import (
+    ENGINE_ROLES,
+    Endpoints,
+    ProcSpec,
+    Role,
+    command,
+    node_environment,
+    proc_spec,
+    process_env,
+    server_url,
+    teacher_engine_settings,
+)
 from daemon.pool import InterpreterPool
 from daemon.proctable import LocalProc, ProcessTable, ProcState
 from elastic_rl import exit_record, jobenv
@@ -274,10 +285,11 @@ class JobAgent:
             proc = self.table.get(self.job_id, name)
             if "drain" not in assignment or proc is None or proc.draining or proc.state is not ProcState.RUNNING:
                 continue
-            if proc_spec(name).role is not Role.ENGINE:
+            role = proc_spec(name).role
+            if role not in ENGINE_ROLES:
                 continue
             proc.draining = True
-            if proc.serving and "router" in assigned:
+            if role is Role.ENGINE and proc.serving and "router" in assigned:
                 await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host), self.secret)
             proc.serving = False
             self.health_watches.pop(name, None)
@@ -347,10 +359,11 @@ class JobAgent:
             exit_code=proc.exit_code,
             device=proc.device,
         )
-        if spec.role is Role.ENGINE and proc.serving and "router" in assigned:
-            # Out of the router at once, so no new request goes to a dead engine.
+        if spec.role in ENGINE_ROLES and proc.serving:
+            # Out of the router and etcd's list of serving engines at once, so no new request goes to a dead engine.
             proc.serving = False
-            await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host), self.secret)
+            if spec.role is Role.ENGINE and "router" in assigned:
+                await engines.unregister(server_url(assigned["router"]), url(proc.port, host=self.host), self.secret)
         group = [proc, *self._partners(proc)] if spec.role in (Role.TRAINER, Role.SPARE) else [proc]
         for partner in group[1:]:
             # The other ranks of a dead rank's replica are stuck in their collectives.
@@ -359,11 +372,13 @@ class JobAgent:
 
     @staticmethod
     def _other_engines(name: str, reported: dict[str, dict]) -> int:
-        """The job's engines running besides ``name``, on any node (``reported``: name -> record)."""
+        """The job's engines of ``name``'s kind (the policy's, or a teacher's) running besides it, on any node
+        (``reported``: name -> record)."""
+        role = proc_spec(name).role.value
         return sum(
             1
             for other, record in reported.items()
-            if other != name and record.get("role") == "engine" and record.get("state") == "running"
+            if other != name and record.get("role") == role and record.get("state") == "running"
         )
 
     async def _carry_out(self, proc: LocalProc, decision: ExitDecision, group: list[LocalProc], now: float) -> None:
@@ -457,6 +472,7 @@ class JobAgent:
         no_trainer = self.spec.trainer_groups[0] == 0
         if spec.role is Role.LIGHTHOUSE and no_trainer and not have_weights and self._exporting is None:
             self._exporting = asyncio.create_task(self._export_initial_weights())
+        # A teacher engine serves its own checkpoint, there from the start.
         return have_weights or spec.role is not Role.ENGINE or self.spec.engines.kind == "cpu"
 
     async def _check_export(self) -> None:
@@ -515,10 +531,12 @@ class JobAgent:
                 device=proc.device,
                 from_pool=from_pool,
             )
+        # A replaced, moved or added engine is news; the job's first engines are not.
+        announce = restarted or not assignment.get("initial")
         if spec.role is Role.ENGINE:
-            # A replaced, moved or added engine is news; the job's first engines are not.
-            announce = restarted or not assignment.get("initial")
             self._in_background(proc.name, self._register_engine(proc, endpoints.router, announce))
+        elif spec.role is Role.TEACHER:
+            self._in_background(proc.name, self._serve_teacher(proc, announce))
         elif spec.role is Role.ROUTER:
             self._in_background(proc.name, self._register_every_engine(endpoints.router))
 
@@ -541,6 +559,25 @@ class JobAgent:
         if announce:
             await self.events.emit(
                 EventKind.ENGINE_SERVING, "registered with the router", proc=proc.name, device=proc.device
+            )
+
+    async def _serve_teacher(self, proc: LocalProc, announce: bool) -> None:
+        """A teacher engine serves once it answers: it is in no router (the orchestrator reaches the teacher
+        engines through their records in etcd), and health-checked as the policy's engines are."""
+        teacher = teacher_engine_settings(self.spec)
+        try:
+            await EngineClient(url(proc.port, host=self.host), secret=self.secret).wait_healthy(
+                teacher.startup_timeout_s
+            )
+        except EngineError as exc:
+            await self._replace_engine(proc, f"it did not start: {exc}")
+            return
+        proc.serving = True
+        self.health_watches[proc.name] = EngineWatch(time.time())
+        await self._publish(proc)
+        if announce:
+            await self.events.emit(
+                EventKind.ENGINE_SERVING, "a teacher engine, serving", proc=proc.name, device=proc.device
             )
 
     async def _register_every_engine(self, router_url: str) -> None:
@@ -583,7 +620,7 @@ class JobAgent:
             proc = self.table.get(self.job_id, name)
             if not verdict.unhealthy or proc is None or not proc.serving or proc.state is not ProcState.RUNNING:
                 continue  # healthy, or replaced or gone while the check ran
-            if "router" in assigned:
+            if proc_spec(name).role is Role.ENGINE and "router" in assigned:
                 await engines.unregister(server_url(assigned["router"]), serving[name], self.secret)
             await self._replace_engine(proc, verdict.reason)
 
@@ -615,7 +652,7 @@ class JobAgent:
         self.table.signal(proc, signal.SIGKILL)
         now = time.time()
         facts = ExitFacts(
-            role="engine",
+            role=proc_spec(proc.name).role.value,
             exit_code=None,
             job_finished=False,
             idle_spare=False,

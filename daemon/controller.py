@@ -187,9 +187,10 @@ class Controller:
                 "device": devices[rank] if group.slots else None,
                 "generation": generation,
             }
-            if group.kind is GroupKind.ENGINE and group.slots > 1:
+            engine = group.kind in (GroupKind.ENGINE, GroupKind.TEACHER)
+            if engine and group.slots > 1:
                 assignment["devices"] = list(devices)
-            if proc.name in ("lighthouse", "router") or group.kind is GroupKind.ENGINE:
+            if proc.name in ("lighthouse", "router") or engine:
                 assignment["port"] = free_port()
             if proc.name == "router":
                 assignment["metrics_port"] = free_port()

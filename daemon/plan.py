@@ -9,6 +9,7 @@ from the advertise host of the node its server runs on.
 
     services        lighthouse, router, orchestrator (one node, no device slot)
     engine-<i>      engine-<i>                  (engines.tp_size slots on one node; one for a cpu engine)
+    teacher-<i>     teacher-<i>                 (a distillation teacher's engine: its tp_size slots on one node)
     replica-<k>     trainer-<k>-<rank>          (trainer.ranks_per_replica slots on one node)
     spare-<s>       spare-<s>-<rank>            (likewise, warm spares)
 
@@ -31,12 +32,15 @@ from elastic_rl import jobenv
 from elastic_rl.engines.launcher import engine_command, engine_env
 from elastic_rl.engines.router import router_command
 from elastic_rl.net import url
+from elastic_rl.spec.engines import EnginesSpec
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store.devices import assignment_slots
 from policies.devices import DeviceKind, NcclSettings, Precision, ProcessDevice, nccl_settings, process_device
 from policies.placement import Group, GroupKind
 
 SERVICES = "services"
+TEACHER_VERSION = "teacher"
+"""The weight version a teacher engine reports: its checkpoint, never updated."""
 
 
 class Role(Enum):
@@ -44,8 +48,13 @@ class Role(Enum):
     ROUTER = "router"
     ORCHESTRATOR = "orchestrator"
     ENGINE = "engine"
+    TEACHER = "teacher"
     TRAINER = "trainer"
     SPARE = "spare"
+
+
+ENGINE_ROLES = (Role.ENGINE, Role.TEACHER)
+"""The inference servers: the policy's engines and a distillation teacher's."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,7 @@ class ProcSpec:
 
     @property
     def group_index(self) -> int:
-        """k of replica-k, s of spare-s, i of engine-i."""
+        """k of replica-k, s of spare-s, i of engine-i or teacher-i."""
         return int(self.group.rsplit("-", 1)[1])
 
 
@@ -67,6 +76,12 @@ def job_groups(spec: JobSpec) -> list[Group]:
     on_gpu = _trainers_on_gpu(spec)
     groups = [Group(SERVICES, GroupKind.SERVICES, 0)]
     groups += [engine_group(spec, i) for i in range(spec.engine_count)]
+    teachers = teacher_engine_settings(spec)
+    if teachers is not None:
+        count = spec.teacher_engines.count
+        groups += [
+            Group(f"teacher-{i}", GroupKind.TEACHER, teachers.slots, teachers.kind == "sglang") for i in range(count)
+        ]
     groups += [replica_group(spec, k) for k in range(replicas)]
     groups += [Group(f"spare-{s}", GroupKind.SPARE, ranks, on_gpu) for s in range(spares)]
     return groups
@@ -90,12 +105,19 @@ def engine_group(spec: JobSpec, index: int) -> Group:
     return replace(group, host=f"replica-{replica}", host_slots=shared)
 
 
+def teacher_engine_settings(spec: JobSpec) -> EnginesSpec | None:
+    """How a distillation teacher's engines are started and checked, when the job serves one."""
+    return None if spec.teacher_engines is None else spec.teacher_engines.as_engines(spec.engines)
+
+
 def group_procs(group: Group) -> list[ProcSpec]:
     """The processes of a group, in the order their device slots are given."""
     if group.kind is GroupKind.SERVICES:
         return [ProcSpec(role.value, role, SERVICES) for role in (Role.LIGHTHOUSE, Role.ROUTER, Role.ORCHESTRATOR)]
     if group.kind is GroupKind.ENGINE:
         return [ProcSpec(group.name, Role.ENGINE, group.name)]
+    if group.kind is GroupKind.TEACHER:
+        return [ProcSpec(group.name, Role.TEACHER, group.name)]
     index = group.name.rsplit("-", 1)[1]
     role, prefix = (Role.TRAINER, "trainer") if group.kind is GroupKind.REPLICA else (Role.SPARE, "spare")
     return [ProcSpec(f"{prefix}-{index}-{rank}", role, group.name, rank) for rank in range(group.slots)]
@@ -107,6 +129,8 @@ def proc_spec(name: str) -> ProcSpec:
         return ProcSpec(name, Role(name), SERVICES)
     if name.startswith("engine-"):
         return ProcSpec(name, Role.ENGINE, name)
+    if name.startswith("teacher-"):
+        return ProcSpec(name, Role.TEACHER, name)
     prefix, index, rank = name.rsplit("-", 2)
     role = Role.TRAINER if prefix == "trainer" else Role.SPARE
     return ProcSpec(name, role, f"{'replica' if role is Role.TRAINER else 'spare'}-{index}", int(rank))
@@ -142,13 +166,14 @@ def process_env(
     if assignment.get("device") is not None:
         env[jobenv.DEVICE] = str(assignment["device"])
     trainer = proc.role in (Role.TRAINER, Role.SPARE)
-    uses_gpu = trainer or (proc.role is Role.ENGINE and spec.engines.kind == "sglang")
+    served = _served_by(proc, spec)
+    uses_gpu = trainer or (served is not None and served.kind == "sglang")
     device = process_device(node_kind, assignment_slots(assignment), uses_gpu)
     ft = spec.fault_tolerance
     nccl = nccl_settings(ft.quorum_timeout_s, ft.collective_timeout_s) if trainer else None
     env.update(device_env(device, gpu_ids, nccl))
-    if proc.role is Role.ENGINE:
-        env.update(engine_env(spec.engines))
+    if served is not None:
+        env.update(engine_env(served))
     if trainer:
         identity = jobenv.REPLICA if proc.role is Role.TRAINER else jobenv.SPARE
         env.update(
@@ -232,7 +257,23 @@ def command(proc: ProcSpec, assignment: dict, spec: JobSpec, workdir: Path, adve
             colocated=spec.colocated,
             routed_experts=spec.algorithm.routing_replay,
         )
+    if proc.role is Role.TEACHER:
+        return engine_command(
+            teacher_engine_settings(spec),
+            spec.algorithm.distillation.teacher,
+            assignment["port"],
+            host=advertise_host,
+            weight_version=TEACHER_VERSION,
+            deterministic=spec.rollout.deterministic,
+        )
     return [sys.executable, "-m", "elastic_rl.trainer.main"]
+
+
+def _served_by(proc: ProcSpec, spec: JobSpec) -> EnginesSpec | None:
+    """The engines spec of an engine process (the policy's or a teacher's); None for any other."""
+    if proc.role is Role.ENGINE:
+        return spec.engines
+    return teacher_engine_settings(spec) if proc.role is Role.TEACHER else None
 
 
 def server_url(assignment: dict) -> str:

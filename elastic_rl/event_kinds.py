@@ -88,7 +88,7 @@ class EventKind(StrEnum):
     WEIGHT_BROADCAST_FAILED = "weight_broadcast_failed", "Broadcasting weights failed; the engines load them from disk."
     HANDOVER_TIMEOUT = "handover_timeout", "Colocated: an engine did not release or resume its memory in time."
     # Engines.
-    ENGINE_SERVING = "engine_serving", "An engine registered with the router."
+    ENGINE_SERVING = "engine_serving", "An engine serves: the policy's in the router, a teacher's answering."
     ENGINE_UNHEALTHY = "engine_unhealthy", "An engine failed its health check (a hang or an exit) and is replaced."
     ENGINE_GIVEN_UP = "engine_given_up", "An engine's restart budget ran out; the job runs on the other engines."
     ENGINE_DRAINING = "engine_draining", "An engine left the router and finishes its requests (its node drains)."

@@ -13,7 +13,7 @@ Pure: the facts of one exit in, an action out. The rows:
 | trainer | device quarantined (76) | mark the device failed; the replica moves (a warm spare, or free devices) |
 | trainer | straggled (79) | as device quarantined: its devices marked failed, the replica moves |
 | trainer | other, an idle warm spare exists | the spare takes the replica's place |
-| engine | other, its budget spent, another engine running | give it up: the job runs degraded on the others |
+| engine (or teacher) | other, its budget spent, another of its kind running | give it up: run on the others |
 | any | other | restart after the restart policy's backoff, or fail the job once its budget is spent |
 
 An engine found hung by its health check counts as an exit here, so its
@@ -67,7 +67,7 @@ class ExitAction(Enum):
 @dataclass(frozen=True, kw_only=True)
 class ExitFacts:
     role: str
-    """orchestrator, trainer, spare, engine, router or lighthouse."""
+    """orchestrator, trainer, spare, engine, teacher (a distillation teacher's engine), router or lighthouse."""
     exit_code: int | None
     job_finished: bool
     """The orchestrator reported every rollout trained."""
@@ -79,7 +79,7 @@ class ExitFacts:
     given_up: str = ""
     """Why the orchestrator gave up, as it reported it."""
     other_engines: int = 0
-    """An engine's exit: the job's other engines still running."""
+    """An engine's exit: the job's other engines of its kind (the policy's, or the teacher's) still running."""
     asked_to_leave: bool = False
     """Its assignment asks it to leave its draining node at a safe point."""
 
@@ -118,7 +118,7 @@ def decide_exit(facts: ExitFacts, policy: RestartPolicy) -> ExitDecision:
     if facts.role == "trainer" and facts.idle_spare:
         return ExitDecision(ExitAction.MOVE_REPLICA, reason="a warm spare takes its place")
     restart = decide_restart(policy, list(facts.restarts), facts.now)
-    if not restart.restart and facts.role == "engine" and facts.other_engines:
+    if not restart.restart and facts.role in ("engine", "teacher") and facts.other_engines:
         left = f"{facts.other_engines} engine{'s' if facts.other_engines != 1 else ''}"
         return ExitDecision(ExitAction.GIVE_UP_ENGINE, reason=f"{restart.reason}; the job runs on {left}")
     if not restart.restart:

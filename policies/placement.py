@@ -3,14 +3,16 @@
 Pure: the groups to place, each node's free device slots and where the job's
 other groups already are, in; an assignment per group (or the reason none
 fits), out. A group is what must share a node: a trainer replica's
-tensor-parallel ranks, a warm spare's, one engine, or the job's three services
+tensor-parallel ranks, a warm spare's, one engine (the policy's or a
+distillation teacher's), or the job's three services
 (lighthouse, router, orchestrator: no device slot).
 
 - Trainer replicas and spares go first, each to the node holding the fewest
   of the job's trainer groups, so one node's death takes the fewest replicas;
   then the node with the most free slots; then the name.
 - Engines go to the node holding the fewest of the job's engines, then the
-  most free slots, then the name.
+  most free slots, then the name; a distillation teacher's engines likewise,
+  spread over the nodes holding the fewest of the teacher's.
 - The services go to the node holding the fewest of the job's groups (the
   node least likely to take a replica down with it), then the name.
 - A colocated engine takes no free slot: it goes onto slots of its host, the
@@ -42,6 +44,7 @@ class GroupKind(Enum):
     REPLICA = "replica"
     SPARE = "spare"
     ENGINE = "engine"
+    TEACHER = "teacher"
     SERVICES = "services"
 
 
@@ -51,7 +54,7 @@ TRAINER_KINDS = (GroupKind.REPLICA, GroupKind.SPARE)
 @dataclass(frozen=True)
 class Group:
     name: str
-    """replica-<k>, spare-<s>, engine-<i> or services."""
+    """replica-<k>, spare-<s>, engine-<i>, teacher-<i> or services."""
     kind: GroupKind
     slots: int
     """Device slots it needs: the tensor-parallel size for trainer groups, an engine's tensor-parallel
@@ -81,7 +84,7 @@ class Placement:
         return not self.unplaced
 
 
-ORDER = {GroupKind.REPLICA: 0, GroupKind.SPARE: 1, GroupKind.ENGINE: 2, GroupKind.SERVICES: 3}
+ORDER = {GroupKind.REPLICA: 0, GroupKind.SPARE: 1, GroupKind.ENGINE: 2, GroupKind.TEACHER: 2, GroupKind.SERVICES: 3}
 
 
 def place_groups(
@@ -160,6 +163,6 @@ def _same_family(placed: GroupKind, placing: GroupKind) -> bool:
     """Which placed groups a new group spreads away from."""
     if placing in TRAINER_KINDS:
         return placed in TRAINER_KINDS
-    if placing is GroupKind.ENGINE:
-        return placed is GroupKind.ENGINE
+    if placing in (GroupKind.ENGINE, GroupKind.TEACHER):
+        return placed is placing
     return True  # the services avoid every group of the job

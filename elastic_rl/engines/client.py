@@ -144,6 +144,25 @@ class EngineClient:
             body["rid"] = rid
         return await self._call("POST", "/generate", body)
 
+    async def input_logprobs(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
+        """The engine's log prob of each token of each sequence from its start (at least 1) on, scored in one
+        request without generating (SGLang's input_token_logprobs with logprob_start_len). ``start - 1`` is
+        asked for, and the tail kept: SGLang gives the first position it scores no log prob."""
+        body = {
+            "input_ids": sequences,
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": [start - 1 for start in starts],
+        }
+        answers = await self._call("POST", "/generate", body)
+        if not isinstance(answers, list) or len(answers) != len(sequences):
+            raise TypeError(f"{len(sequences)} sequences scored, and the answer is not a list of as many")
+        scored = []
+        for answer, ids, start in zip(answers, sequences, starts):
+            entries = answer["meta_info"]["input_token_logprobs"][1:]
+            scored.append([float(logprob) for logprob, *_ in entries[len(entries) - (len(ids) - start) :]])
+        return scored
+
     async def generate_stream(
         self,
         input_ids: list[int],

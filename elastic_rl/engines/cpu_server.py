@@ -124,7 +124,15 @@ def build_app(
             if body.get("stream"):
                 raise InvalidRequest("stream: give one prompt per streamed request, not a list of them")
             rids = rid if isinstance(rid, list) else [None] * len(input_ids)
-            requests = [engine.make_request(body, ids, r) for ids, r in zip(input_ids, rids)]
+            starts = body.get("logprob_start_len")
+            bodies = [{**body, "logprob_start_len": start} for start in starts] if isinstance(starts, list) else None
+            if bodies is not None and len(bodies) != len(input_ids):
+                raise InvalidRequest(f"logprob_start_len: give one per prompt ({len(input_ids)}), or one for all")
+            requests = [
+                engine.make_request(body if bodies is None else bodies[i], ids, r)
+                for i, (ids, r) in enumerate(zip(input_ids, rids))
+            ]
+            await engine.score_inputs(requests)
             return _json(list(await asyncio.gather(*(engine.generate(r) for r in requests))))
         generation = engine.make_request(body, input_ids, rid)
         if body.get("stream"):

@@ -15,6 +15,7 @@ is no reason to stop generating.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -33,17 +34,20 @@ log = logging.getLogger("elastic_rl.engines.direct")
 EngineDirectory = Callable[[], Awaitable[list[str]]]
 """Returns the URLs of the job's serving engines."""
 DIRECTORY_REFRESH_S = 1.0
+ENGINE_ROLE, TEACHER_ROLE = "engine", "teacher"
+"""The roles of erld's records of the policy's engines and of a distillation teacher's (``daemon.plan.Role``)."""
 
 
-def engines_in_etcd(store: Store, job: str) -> EngineDirectory:
-    """The serving engines of ``job`` as erld records them."""
+def engines_in_etcd(store: Store, job: str, role: str = ENGINE_ROLE) -> EngineDirectory:
+    """The serving engines of ``job`` as erld records them: the policy's (``engine``), or with ``role``
+    ``teacher`` a distillation teacher's."""
 
     async def serving() -> list[str]:
         records = await store.get_prefix(keys.procs(job))
         return sorted(
             record["url"]
             for record in records.values()
-            if record.get("role") == "engine" and record.get("serving") and record.get("state") == "running"
+            if record.get("role") == role and record.get("serving") and record.get("state") == "running"
         )
 
     return serving
@@ -85,10 +89,19 @@ class DirectEngineClient:
             self._read_at = time.monotonic()
         return self._serving
 
+    async def wait_serving(self) -> None:
+        """Return once an engine serves (erld may still be starting or replacing them)."""
+        while not await self._serving_engines():
+            await asyncio.sleep(DIRECTORY_REFRESH_S)
+
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         """One engine's answer; each serving engine is tried once, starting with the next in turn.
         Raises EngineError when none answers (or none is serving)."""
         return await self._in_turn(lambda engine: engine.generate(input_ids, sampling_params), lambda: False)
+
+    async def input_logprobs(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
+        """``EngineClient.input_logprobs`` on the serving engines in turn, until one answers."""
+        return await self._in_turn(lambda engine: engine.input_logprobs(sequences, starts), lambda: False)
 
     async def generate_stream(
         self, input_ids: list[int], sampling_params: dict[str, Any], received: Received, silence_s: float | None

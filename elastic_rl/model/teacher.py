@@ -1,9 +1,9 @@
 """Whether a distillation teacher fits its student, checked before the job runs (`erl validate`, `submit`).
 
-The trainer builds the teacher as it builds the policy, sharded the same way, and
-scores the student's own token ids with it: the teacher must have the policy's
-architecture and its tokenizer. A teacher of another architecture is refused
-rather than served on its own, because it is held in the trainer's ranks.
+Either way the teacher scores the student's own token ids, so it must have the
+policy's tokenizer. Held in the trainer (no ``distillation.engines``), it is
+built as the policy is, sharded the same way, so it must have the policy's
+architecture too; served by teacher engines, it may be any causal LM they load.
 """
 
 from __future__ import annotations
@@ -33,17 +33,19 @@ def check_teacher(spec: JobSpec) -> None:
         student = model.toy_architecture(padded_vocab_size(student_tokenizer))
         policy, policy_tokenizer = "the toy model", str(model.tokenizer or "the toy tokenizer")
     problems = []
-    taught = from_hf_config(teacher)
-    differ = [
-        field.name
-        for field in fields(student)
-        if field.name not in UNCOMPARED and getattr(student, field.name) != getattr(taught, field.name)
-    ]
+    differ = []
+    if spec.algorithm.distillation.engines is None:
+        taught = from_hf_config(teacher)
+        differ = [
+            field.name
+            for field in fields(student)
+            if field.name not in UNCOMPARED and getattr(student, field.name) != getattr(taught, field.name)
+        ]
     if differ:
         problems.append(
             f"algorithm.distillation.teacher: {teacher} differs from the policy, {policy}, in "
             f"{', '.join(differ)}: the trainer holds the teacher as it holds the policy, so give a checkpoint of "
-            f"the policy's architecture"
+            f"the policy's architecture, or serve the teacher on engines of its own (algorithm.distillation.engines)"
         )
     if AutoTokenizer.from_pretrained(str(teacher)).get_vocab() != student_tokenizer.get_vocab():
         problems.append(

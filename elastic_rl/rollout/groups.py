@@ -73,6 +73,8 @@ class Sample:
     """Why a rollout.generate_function could not make it: it cannot be scored."""
     routing: torch.Tensor | None = field(default=None, compare=False)
     """With algorithm.routing_replay: the experts each of its tokens was routed to (``elastic_rl.routing_record``)."""
+    teacher_logprobs: list[float] | None = None
+    """With teacher engines: the teacher's log prob of each output token, once it has scored them."""
 
     @property
     def version(self) -> int | None:
@@ -124,6 +126,7 @@ class Sample:
             data["metadata"],
             data["error"],
             None if data.get("routing") is None else routing_record.from_json(data["routing"]),
+            data.get("teacher_logprobs"),  # absent from a rollout log of format 3
         )
 
 
@@ -214,18 +217,24 @@ class GroupBuffer:
         return cls([Group.from_json(group) for group in data])
 
 
-def to_batch(groups: list[Group], pad_id: int, routing_shape: RoutingShape | None = None) -> RolloutBatch:
+def to_batch(
+    groups: list[Group], pad_id: int, routing_shape: RoutingShape | None = None, *, teacher: bool = False
+) -> RolloutBatch:
     """The trainers' batch: every sample of every group, a group's samples contiguous; with
-    ``routing_shape`` (algorithm.routing_replay) their routing records too."""
+    ``routing_shape`` (algorithm.routing_replay) their routing records too, with ``teacher`` (teacher
+    engines, which have scored every sample) the teacher's log probs."""
     rows = [(group, sample) for group in groups for sample in group.samples]
     width = max(len(group.prompt_ids) + len(sample.output_ids) for group, sample in rows)
     tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
     engine_logprobs = torch.zeros(len(rows), width)
     loss_mask = torch.zeros(len(rows), width)
+    teacher_logprobs = torch.zeros(len(rows), width) if teacher else None
     for i, (group, sample) in enumerate(rows):
         start, end = len(group.prompt_ids), len(group.prompt_ids) + len(sample.output_ids)
         tokens[i, :end] = torch.tensor(group.prompt_ids + sample.output_ids)
         engine_logprobs[i, start:end] = torch.tensor(sample.logprobs)
+        if teacher_logprobs is not None:
+            teacher_logprobs[i, start:end] = torch.tensor(sample.teacher_logprobs)
         loss_mask[i, start:end] = (
             1.0 if sample.loss_mask is None else torch.tensor(sample.loss_mask, dtype=torch.float32)
         )
@@ -242,6 +251,7 @@ def to_batch(groups: list[Group], pad_id: int, routing_shape: RoutingShape | Non
         routed_experts=None
         if routing_shape is None
         else routing_record.stored([sample.routing for _, sample in rows], width, routing_shape),
+        teacher_logprobs=teacher_logprobs,
     )
 
 

@@ -42,7 +42,7 @@ from elastic_rl.alongside import alongside
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.engines.access import EngineAccess
 from elastic_rl.engines.client import DEFAULT_TIMEOUT_S, EngineClient
-from elastic_rl.engines.direct import DirectEngineClient, engines_in_etcd
+from elastic_rl.engines.direct import TEACHER_ROLE, DirectEngineClient, engines_in_etcd
 from elastic_rl.engines.pace import PaceMeter
 from elastic_rl.engines.router import RouterClient
 from elastic_rl.errors import GaveUp, RolloutLogError, SpecError
@@ -52,12 +52,13 @@ from elastic_rl.model.tokenizer import load_tokenizer, pad_token_id
 from elastic_rl.progress import ProgressReporter
 from elastic_rl.rollout.evaluation import Evaluator
 from elastic_rl.rollout.generation import Serving
-from elastic_rl.rollout.groups import samples_record, to_batch
+from elastic_rl.rollout.groups import Group, samples_record, to_batch
 from elastic_rl.rollout.handover import EngineHandover
 from elastic_rl.rollout.inflight import InFlight
 from elastic_rl.rollout.metric_sinks import metric_sinks
 from elastic_rl.rollout.rollout_function import RolloutFunction
 from elastic_rl.rollout.sampler import Drawn, DropReason, Filled, GroupSampler
+from elastic_rl.rollout.teacher import TeacherScorer
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store.client import StoreUnavailable
@@ -111,8 +112,14 @@ def supervised_batch(prompts: list[Drawn], pad_id: int, weight_version: int) -> 
 
 class Orchestrator:
     def __init__(
-        self, env: jobenv.JobEnv, engines: EngineAccess, progress: ProgressReporter, assignment: Assignment | None
+        self,
+        env: jobenv.JobEnv,
+        engines: EngineAccess,
+        progress: ProgressReporter,
+        assignment: Assignment | None,
+        teachers: DirectEngineClient | None = None,
     ):
+        """``teachers``: the teacher engines, with algorithm.distillation.engines."""
         self.spec: JobSpec = env.spec
         self.workdir = env.workdir
         self.engines = engines
@@ -128,8 +135,15 @@ class Orchestrator:
             lambda kind, message: self.progress.event(kind, message),
         )
         self.rollout_function: RolloutFunction | None = None
+        self.teacher = None
+        if self.spec.teacher_engines is not None:
+            if teachers is None:
+                raise SpecError(
+                    ["algorithm.distillation.engines: teacher engines run under erld, whose records in etcd say where"]
+                )
+            self.teacher = TeacherScorer(self.spec.teacher_engines, teachers)
         if not self.replaying:
-            self.sampler = GroupSampler(self.spec, self.tokenizer, engines, self.inflight)
+            self.sampler = GroupSampler(self.spec, self.tokenizer, engines, self.inflight, self.teacher)
             self.evaluator = Evaluator(self.spec, self.tokenizer, self.sampler.generator, self.sampler.scorer)
             if self.spec.rollout.rollout_function is not None:
                 self.rollout_function = RolloutFunction(self.spec, self.sampler)
@@ -254,8 +268,16 @@ class Orchestrator:
             filled = Filled([], drawn=[prompt for prompt, _, _ in prompts], skipped=skipped, metrics=metrics)
         else:
             filler = self.rollout_function or self.sampler
+            scored_before = self.teacher.start_rollout() if self.teacher is not None else 0
             filled = await filler.fill(rollout_id, self.engine_version)
-            batch = to_batch(filled.groups, pad_token_id(self.tokenizer), self.sampler.generator.routing_shape)
+            if self.teacher is not None:
+                filled.metrics.update(await self._teacher_scores(filled.groups, scored_before))
+            batch = to_batch(
+                filled.groups,
+                pad_token_id(self.tokenizer),
+                self.sampler.generator.routing_shape,
+                teacher=self.teacher is not None,
+            )
         await self._check_versions(rollout_id, filled)
         if filled.function_failures:
             await self.progress.event(
@@ -298,6 +320,17 @@ class Orchestrator:
                 prompts=[[p.index, p.epoch] for p in unscorable],
             )
         return batch, filled
+
+    async def _teacher_scores(self, groups: list[Group], scored_before: int) -> dict[str, float]:
+        """The teacher's log probs for the samples it has not scored while they generated (those of a rollout
+        function, or from the buffer), and what scoring the rollout took."""
+        started = time.monotonic()
+        await self.teacher.score(groups)
+        return {
+            "rollout/teacher_time": time.monotonic() - started,
+            "rollout/teacher_scored": float(self.teacher.scored - scored_before),
+            "rollout/teacher_failures": float(self.teacher.failures),
+        }
 
     async def _check_versions(self, rollout_id: int, filled: Filled) -> None:
         """Every sample's segments from a version the rollout allows (``policies.determinism``); an event
@@ -546,10 +579,15 @@ async def amain() -> None:
         # answer goes straight to an engine. Without etcd the router is the only way, and patient:
         # while erld replaces engines or the router, generation waits rather than fails.
         async with contextlib.AsyncExitStack() as clients:
-            direct = None
+            direct = teachers = None
             if progress.store is not None:
                 direct_client = DirectEngineClient(engines_in_etcd(progress.store, env.job), DEFAULT_TIMEOUT_S)
                 direct = await clients.enter_async_context(direct_client)
+                if env.spec.teacher_engines is not None:
+                    teachers = DirectEngineClient(
+                        engines_in_etcd(progress.store, env.job, role=TEACHER_ROLE), env.spec.teacher_engines.timeout_s
+                    )
+                    teachers = await clients.enter_async_context(teachers)
             attempts = ROUTER_ATTEMPTS if direct is None else ROUTER_ATTEMPTS_WITH_DIRECT
             router = await clients.enter_async_context(RouterClient(os.environ[jobenv.ROUTER_URL], attempts=attempts))
             # SIGTERM (`erl stop`, erld stopping): what the samples have received so far is kept for the
@@ -559,7 +597,9 @@ async def amain() -> None:
             try:
                 factor = env.spec.engines.straggler_factor
                 pacing = None if factor is None else PaceMeter(factor)
-                orchestrator = Orchestrator(env, EngineAccess(router, direct, pacing), progress, assignment)
+                orchestrator = Orchestrator(
+                    env, EngineAccess(router, direct, pacing), progress, assignment, teachers=teachers
+                )
                 log.info("orchestrator of job %s ready", env.job)
                 await orchestrator.run()
             except asyncio.CancelledError:

@@ -39,6 +39,7 @@ from elastic_rl.rollout.groups import Group, GroupBuffer, Sample, fifo
 from elastic_rl.rollout.inflight import InFlight
 from elastic_rl.rollout.prompts import SupervisedExample, render, render_example
 from elastic_rl.rollout.scoring import Scored, Scorer
+from elastic_rl.rollout.teacher import TeacherScorer
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
 from policies.dynamic_sampling import ConsecutiveFailures, zero_std
@@ -80,8 +81,17 @@ class Filled:
 
 
 class GroupSampler:
-    def __init__(self, spec: JobSpec, tokenizer, router: EngineAccess, inflight: InFlight | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        tokenizer,
+        router: EngineAccess,
+        inflight: InFlight | None = None,
+        teacher: TeacherScorer | None = None,
+    ):
+        """``teacher``: the teacher engines' scorer, with algorithm.distillation.engines."""
         self.spec = spec
+        self.teacher = teacher
         self.tokenizer = tokenizer
         self.data = DataSource(spec.data, spec.seed)
         self.buffer = GroupBuffer()
@@ -212,11 +222,16 @@ class GroupSampler:
 
     async def _generate_round(self, work: list[Work], filled: Filled, results: list) -> int:
         """Generate a round to its end and keep, buffer or drop its groups in draw order; return how many
-        were kept. Each group is scored as soon as it is generated (a reward model works meanwhile)."""
+        were kept. Each group is scored as soon as it is generated (a reward model, or the teacher engines,
+        work meanwhile)."""
 
         async def made(item: Work) -> tuple[Group, list[Scored] | None]:
             group = await self.generator.generate(item, results)
-            return group, await self.scorer.score(group.prompt, group.samples) if group.finished else None
+            if not group.finished:
+                return group, None
+            if self.teacher is not None:  # while the round's other groups still generate
+                await self.teacher.score([group])
+            return group, await self.scorer.score(group.prompt, group.samples)
 
         groups = await asyncio.gather(*(made(item) for item in work))
         return sum([await self.keep_buffer_or_drop(group, filled, scored) for group, scored in groups])

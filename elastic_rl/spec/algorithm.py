@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, PositiveFloat, ValidationInfo, field_validator, model_validator
 
 from elastic_rl.spec.base import Component, existing_checkpoint
+from elastic_rl.spec.engines import TeacherEnginesSpec
 
 
 class AlgorithmKind(str, Enum):
@@ -46,11 +47,15 @@ class LossAggregation(str, Enum):
 
 
 class DistillationSpec(Component):
-    """On-policy distillation from a teacher the trainer holds (slime's --use-opd --opd-type megatron)."""
+    """On-policy distillation from a teacher the trainer holds (slime's --use-opd --opd-type megatron) or
+    engines of its own serve (--opd-type sglang)."""
 
     teacher: Path
-    """An HF checkpoint of the policy's architecture and tokenizer (`erl validate` checks both): the trainer
-    holds it frozen, like the KL reference, and scores each rollout's responses with it."""
+    """An HF checkpoint with the policy's tokenizer (`erl validate` checks it). Held in the trainer, frozen
+    like the KL reference, it must also have the policy's architecture; served by engines, any causal LM."""
+    engines: TeacherEnginesSpec | None = None
+    """Serve the teacher on engines of its own, which score each sample's response once, before its
+    rollout is committed: its log probs are committed with the rollout. Unset: the trainer holds it."""
     coef: PositiveFloat = 1.0
     """Each response token's advantage is lowered by this times the reverse KL to the teacher at the token:
     the student's log prob minus the teacher's (slime's --opd-kl-coef)."""
@@ -196,7 +201,7 @@ class AlgorithmSpec(Component):
     @property
     def frozen_models(self) -> int:
         """The models the trainer holds for their log probs alone: the KL reference, the teacher."""
-        return int(self.kl_coef > 0) + int(self.distillation is not None)
+        return int(self.kl_coef > 0) + int(self.distillation is not None and self.distillation.engines is None)
 
     @model_validator(mode="after")
     def _kl_in_reward_needs_a_coefficient(self) -> AlgorithmSpec:

@@ -93,12 +93,51 @@ class EnginesSpec(Component):
         """Device slots one engine takes."""
         return self.tp_size
 
-    @field_validator("kind")
-    @classmethod
-    def _sglang_installed(cls, value: str) -> str:
-        if value == "sglang" and importlib.util.find_spec("sglang") is None:
-            raise ValueError(
-                "engines.kind is sglang but SGLang is not installed here; install it on a GPU "
-                "machine with `pip install 'elastic-rl[sglang]'`, or use kind: cpu"
-            )
-        return value
+    _sglang_installed = field_validator("kind")(lambda value: sglang_installed(value))
+
+
+def sglang_installed(kind: str) -> str:
+    if kind == "sglang" and importlib.util.find_spec("sglang") is None:
+        raise ValueError(
+            "kind is sglang but SGLang is not installed here; install it on a GPU "
+            "machine with `pip install 'elastic-rl[sglang]'`, or use kind: cpu"
+        )
+    return kind
+
+
+class TeacherEnginesSpec(Component):
+    """A distillation teacher served by engines of its own, beside the policy's (slime's --opd-type sglang)."""
+
+    count: PositiveInt = 1
+    """Teacher engines, each on its own slots; a fixed number (``erl scale`` changes the policy's engines only)."""
+    kind: Literal["cpu", "sglang"] = "cpu"
+    """As engines.kind, for the teacher."""
+    tp_size: PositiveInt = 1
+    """As engines.tp_size: the slots of one teacher engine (SGLang only)."""
+    mem_fraction_static: float = Field(0.8, gt=0.0, le=1.0)
+    """As engines.mem_fraction_static."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """As engines.dtype (SGLang; a cpu engine computes in float32)."""
+    extra_args: list[str] = []
+    """As engines.extra_args."""
+    timeout_s: PositiveFloat = 300.0
+    """One scoring request (a sample's prompt and response) to one teacher engine."""
+    max_failures: PositiveInt = 10
+    """Scoring requests in a row that no teacher engine answers (each tried on every serving one, with a
+    backoff of 1, 2, 4 ... 30 s between) before the job fails: a teacher that is down is waited for,
+    as the remote reward model is."""
+
+    _sglang_installed = field_validator("kind")(lambda value: sglang_installed(value))
+
+    @model_validator(mode="after")
+    def _cpu_engine_on_one_slot(self) -> TeacherEnginesSpec:
+        if self.kind == "cpu" and self.tp_size != 1:
+            raise ValueError(f"tp_size ({self.tp_size}) needs kind: sglang; a cpu teacher engine runs on one slot")
+        return self
+
+    def as_engines(self, policy: EnginesSpec) -> EnginesSpec:
+        """The engines spec a teacher engine is started and health-checked by: its own kind, size and
+        arguments, the policy engines' health settings."""
+        own = ("kind", "tp_size", "mem_fraction_static", "dtype", "extra_args")
+        shared = policy.model_dump(exclude_unset=True, exclude={"count", "weight_sync", "straggler_factor", *own})
+        return EnginesSpec.model_validate({**shared, **{name: getattr(self, name) for name in own}})

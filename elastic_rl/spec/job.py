@@ -17,7 +17,7 @@ from elastic_rl.spec.base import Component
 from elastic_rl.spec.checkpoints import CheckpointSpec
 from elastic_rl.spec.data import DataSpec
 from elastic_rl.spec.debug import DebugSpec
-from elastic_rl.spec.engines import DEFAULT_COUNT, EnginesSpec
+from elastic_rl.spec.engines import DEFAULT_COUNT, EnginesSpec, TeacherEnginesSpec
 from elastic_rl.spec.eval import EvalSpec
 from elastic_rl.spec.fault_tolerance import FaultToleranceSpec
 from elastic_rl.spec.metrics import MetricsSpec
@@ -259,6 +259,11 @@ class JobSpec(Component):
             )
         if self.fault_tolerance.warm_spares:
             problems.append("set fault_tolerance.warm_spares 0: a warm spare would hold a device no engine shares")
+        if self.teacher_engines is not None:
+            problems.append(
+                "remove algorithm.distillation.engines (the trainer then holds the teacher): teacher engines on "
+                "devices of their own beside colocated ones are not built"
+            )
         if self.debug.rollout_only or self.debug.train_only is not None:
             problems.append(
                 "remove debug.rollout_only and debug.train_only: a colocated job needs both trainers and engines"
@@ -347,14 +352,28 @@ class JobSpec(Component):
         """Device slots the job takes at its largest: each engine's (its tensor-parallel size; none when
         colocated, as it shares its replica's) and one per trainer rank, warm spares included."""
         engines = 0 if self.colocated else self.engine_count * self.engines.slots
-        return engines + sum(self.trainer_groups) * self.trainer.ranks_per_replica
+        teachers = 0 if self.teacher_engines is None else self.teacher_engines.count * self.teacher_engines.tp_size
+        return engines + teachers + sum(self.trainer_groups) * self.trainer.ranks_per_replica
+
+    @property
+    def teacher_engines(self) -> TeacherEnginesSpec | None:
+        """A distillation teacher's engines, when the job serves one (a replay of committed rollouts,
+        debug.train_only, has its log probs already and starts none)."""
+        distillation = self.algorithm.distillation
+        if distillation is None or self.debug.train_only is not None:
+            return None
+        return distillation.engines
 
     @property
     def needs_cuda(self) -> bool:
-        """Whether the job runs only on GPU slots: SGLang engines, training in bf16 (either kind), or with
-        the optimizer's state offloaded to host memory."""
+        """Whether the job runs only on GPU slots: SGLang engines (the policy's or a teacher's), training in
+        bf16 (either kind), or with the optimizer's state offloaded to host memory."""
+        teachers_on_gpu = self.teacher_engines is not None and self.teacher_engines.kind == "sglang"
         return (
-            self.engines.kind == "sglang" or self.trainer.dtype is not Precision.FP32 or self.trainer.optimizer_offload
+            self.engines.kind == "sglang"
+            or teachers_on_gpu
+            or self.trainer.dtype is not Precision.FP32
+            or self.trainer.optimizer_offload
         )
 
     @property

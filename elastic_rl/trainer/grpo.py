@@ -35,6 +35,7 @@ from elastic_rl.algo.advantages import distilled, explained_variance, gae, token
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
+from elastic_rl.errors import RolloutLogError
 from elastic_rl.layer_names import is_split_over_experts, summed_over_tensor_ranks
 from elastic_rl.model.expert_load import ExpertLoad
 from elastic_rl.model.pipeline import (
@@ -357,8 +358,8 @@ class GrpoTrainer:
                 algorithm.advantage_std_epsilon,
             )
         distillation_kl = None
-        if self.teacher is not None:
-            teacher_logp = self._log_probs(self.teacher, batch)
+        if algorithm.distillation is not None:
+            teacher_logp = self._teacher_log_probs(rollout_id, batch)
             advantages = distilled(advantages, old_logp, teacher_logp, mask, algorithm.distillation.coef)
             distillation_kl = (((old_logp - teacher_logp) * mask).sum() / mask.sum().clamp(min=1)).item()
         return RolloutContext(
@@ -373,6 +374,18 @@ class GrpoTrainer:
             distillation_kl=distillation_kl,
             **critic_fields,
         )
+
+    def _teacher_log_probs(self, rollout_id: int, batch: RolloutBatch) -> torch.Tensor:
+        """The teacher's log probs of the batch's tokens: from the teacher the trainer holds, or as its engines
+        scored them before the rollout was committed."""
+        if self.teacher is not None:
+            return self._log_probs(self.teacher, batch)
+        if batch.teacher_logprobs is None:
+            raise RolloutLogError(
+                f"rollout {rollout_id} was committed without the teacher engines' log probs (by a version of "
+                "elastic-rl without them, or a job without algorithm.distillation.engines): resume the job as it ran"
+            )
+        return batch.teacher_logprobs
 
     def _critic_only(self, ctx: RolloutContext) -> bool:
         """In the critic's warmup rollouts the policy holds still."""

@@ -7,7 +7,8 @@ The exit code it ends with is also written to the work dir (``exit_record``),
 for an erld that adopted it and cannot ``wait`` for it.
 
 A trainer that cannot run where it was placed (its spec refused there, e.g.
-bf16 on a CPU slot, or a GPU slot and a torch without CUDA) reports why and
+bf16 on a CPU slot, or a GPU slot and a torch without CUDA), or a committed
+rollout it cannot train (``RolloutLogError``), reports why and
 exits ``EXIT_GAVE_UP``: erld fails the job with that reason rather than
 restarting it on the same slot until its restart budget is spent.
 """
@@ -22,7 +23,7 @@ import time
 from typing import NoReturn
 
 from elastic_rl import exit_record, jobenv
-from elastic_rl.errors import SpecError, WrongDevice
+from elastic_rl.errors import RolloutLogError, SpecError, WrongDevice
 from elastic_rl.event_kinds import EventKind
 from elastic_rl.progress import ProgressReporter
 from elastic_rl.store.client import StoreUnavailable
@@ -56,7 +57,10 @@ def run(env: jobenv.JobEnv) -> None:
     if not replica.take_place():
         return  # a warm spare stopped before it was needed
     replica.join()
-    replica.run()
+    try:
+        replica.run()
+    except RolloutLogError as exc:  # a rollout it cannot train: every restart would meet it again
+        give_up(env, str(exc))
 
 
 def give_up(env: jobenv.JobEnv, reason: str) -> NoReturn:

@@ -146,7 +146,7 @@ class TrainerReplica:
             # Taken before any snapshot or heal: a restarted replica builds the same reference.
             self.reference = self.source.build_reference(self.model, spec.algorithm.reference, options, where)
         self.teacher = None
-        if spec.algorithm.distillation is not None:
+        if spec.algorithm.distillation is not None and spec.algorithm.distillation.engines is None:
             # Frozen like the reference, and likewise never snapshotted: every replica loads the same teacher.
             teacher = str(spec.algorithm.distillation.teacher)
             self.teacher = self.source.build_reference(self.model, teacher, options, where)

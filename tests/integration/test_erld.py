@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -63,14 +64,22 @@ PPO_JOB = [
 ]
 
 # The distillation student: the tiny job for a third of its rollouts, on one engine, at a constant learning
-# rate, with a reward that scores a group's samples alike (no signal for GRPO).
+# rate, with a reward that scores a group's samples alike (no signal for GRPO), its teacher served by an
+# engine of its own.
 STUDENT = [
     "name=tiny-distil",
     "rollout.num_rollouts=10",
     "engines.count=1",
     "trainer.lr_decay=constant",
     "rollout.group_reward_function=tests.rewards:group_copy_rate",
+    "algorithm.distillation.engines.count=1",
 ]
+GROUPS_PER_ROLLOUT, SAMPLES_PER_ROLLOUT = 32, 512  # the tiny job's; the teacher scores a group a request
+
+
+def teacher_answers(workdir: Path) -> int:
+    """Scoring requests the job's teacher engines have answered, from their logs (one line each)."""
+    return sum(log.read_text().count("POST /generate") for log in (workdir / "logs").glob("teacher-*.log"))
 
 
 def mean(values: list[float]) -> float:
@@ -187,17 +196,35 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
 
     # On-policy distillation from the job just trained, as the teacher of a student from the same start.
     # The student's reward gives every sample of a group the same score, so GRPO teaches it nothing: what
-    # it learns of the task it learns from the teacher, as its reverse KL to the teacher falls.
+    # it learns of the task it learns from the teacher, as its reverse KL to the teacher falls. The
+    # teacher engine is killed while it scores rollout 3, as its groups finish generating.
     teacher = max((p for p in (workdir / "weights").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     sets = [arg for o in [f"algorithm.distillation.teacher={teacher}", *STUDENT] for arg in ("--set", o)]
     student = tmp_path / "tiny-distil"
-    run = erl("run", str(SPEC), *sets, "--workdir", str(student), "--etcd", daemon.endpoint, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
+    erl("submit", str(SPEC), *sets, "--workdir", str(student), "--etcd", daemon.endpoint, check=True)
+    deadline = time.monotonic() + 300
+    while (killed := status(daemon, "tiny-distil")["procs"].get("teacher-0", {}).get("pid")) is None:
+        assert time.monotonic() < deadline, status(daemon, "tiny-distil")
+        time.sleep(0.1)
+    while teacher_answers(student) <= 3 * GROUPS_PER_ROLLOUT:  # its first answer for rollout 3: more will come
+        assert time.monotonic() < deadline, status(daemon, "tiny-distil")
+        time.sleep(0.01)
+    # Stopped first, so that the requests the rest of the rollout sends meanwhile are in flight at the kill.
+    os.kill(killed, signal.SIGSTOP)
+    time.sleep(1.0)
+    os.kill(killed, signal.SIGKILL)
+    final = wait_phase(daemon, "tiny-distil", ("succeeded", "failed"), deadline)
+    assert final["status"]["phase"] == "succeeded", final
+    assert final["procs"]["teacher-0"]["pid"] != killed
     taught = metrics(student)
     reward = [line["rollout/reward_mean"] for line in taught]
     assert mean(reward[-3:]) >= mean(reward[:3]) + 0.05, reward
     reverse_kl = [line["train/distillation_reverse_kl"] for line in taught]
     assert reverse_kl[-1] < 0.7 * reverse_kl[0], reverse_kl
+    # The requests the kill broke were sent again, to its replacement; every trained sample was scored once.
+    assert taught[3]["rollout/teacher_failures"] > 0, [line["rollout/teacher_failures"] for line in taught]
+    assert [line["rollout/teacher_scored"] for line in taught] == [SAMPLES_PER_ROLLOUT] * 10
+    assert teacher_answers(student) == 10 * GROUPS_PER_ROLLOUT
 
     # The finished job plots, `erl logs -f` ends with it (here: at once), printing what the logs hold.
     plotted = erl("plot", "tiny-grpo", "--etcd", daemon.endpoint, check=True)

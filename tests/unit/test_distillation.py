@@ -1,5 +1,5 @@
-"""On-policy distillation: the advantage term against values worked out by hand, and the checks that refuse
-a teacher the trainer could not hold or whose tokens are not the student's."""
+"""On-policy distillation: the advantage term against values worked out by hand, the checks that refuse
+a teacher the trainer could not hold or whose tokens are not the student's, and where teacher engines run."""
 
 from __future__ import annotations
 
@@ -8,12 +8,17 @@ from dataclasses import replace
 import pytest
 import torch
 
+from checkpoints.rollout_log import read_rollout, write_rollout
+from daemon.plan import TEACHER_VERSION, Role, command, group_procs, job_groups, proc_spec
 from elastic_rl.algo.advantages import distilled
 from elastic_rl.errors import SpecError
 from elastic_rl.model.convert.hf_export import ToyFiles
 from elastic_rl.model.teacher import check_teacher
 from elastic_rl.model.tokenizer import load_tokenizer, padded_vocab_size
+from elastic_rl.rollout.data import Prompt
+from elastic_rl.rollout.groups import Group, Sample, SampleStatus, Segment, to_batch
 from elastic_rl.spec.loading import load_spec
+from policies.placement import GroupKind, place_groups
 from tests.processes import SPEC
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -70,3 +75,60 @@ def test_distillation_is_refused_for_sft_and_without_a_checkpoint(tmp_path):
         load_spec(SPEC, ["algorithm.kind=sft", f"algorithm.distillation.teacher={teacher}"])
     with pytest.raises(SpecError, match="config.json"):
         load_spec(SPEC, [f"algorithm.distillation.teacher={tmp_path / 'missing'}"])
+
+
+def test_a_teacher_served_by_engines_may_be_of_another_architecture(tmp_path):
+    teacher = toy_teacher(tmp_path / "teacher", hidden_size=128, num_layers=3)
+    spec = load_spec(SPEC, [f"algorithm.distillation.teacher={teacher}", "algorithm.distillation.engines.count=2"])
+    check_teacher(spec)
+    # Served, the teacher is no frozen model of the trainer's.
+    assert spec.algorithm.frozen_models == 0
+
+
+def test_teacher_engines_are_placed_on_slots_of_their_own_and_serve_the_teachers_checkpoint(tmp_path):
+    teacher = toy_teacher(tmp_path / "teacher")
+    spec = load_spec(
+        SPEC, ["engines.count=1", f"algorithm.distillation.teacher={teacher}", "algorithm.distillation.engines.count=2"]
+    )
+    groups = {group.name: group for group in job_groups(spec)}
+    assert [groups[name].kind for name in ("teacher-0", "teacher-1")] == [GroupKind.TEACHER] * 2
+    assert groups["teacher-1"].slots == 1
+    assert spec.devices_needed == 1 + 2 + spec.trainer.ranks_per_replica
+    (proc,) = group_procs(groups["teacher-1"])
+    assert proc == proc_spec("teacher-1") and proc.role is Role.TEACHER
+    argv = command(proc, {"port": 4321}, spec, tmp_path, "127.0.0.1")
+    assert argv[argv.index("--model-path") + 1] == str(teacher)
+    assert argv[argv.index("--weight-version") + 1] == TEACHER_VERSION
+    # Two teacher engines spread over two nodes, as engines are.
+    placed = place_groups([groups["teacher-0"], groups["teacher-1"]], {"a": [0, 1], "b": [0, 1]})
+    assert {node for node, _ in placed.assigned.values()} == {"a", "b"}
+
+
+def test_teacher_engines_are_refused_where_they_cannot_run(tmp_path):
+    teacher = toy_teacher(tmp_path / "teacher")
+    served = [f"algorithm.distillation.teacher={teacher}", "algorithm.distillation.engines.count=1"]
+    with pytest.raises(SpecError, match="teacher engines on devices of their own"):
+        load_spec(SPEC, [*served, "placement=colocated", "engines.count=null"])
+    with pytest.raises(SpecError, match="tp_size .2. needs kind: sglang"):
+        load_spec(SPEC, [*served, "algorithm.distillation.engines.tp_size=2"])
+
+
+def test_the_teachers_log_probs_are_committed_with_the_rollout_and_its_buffer(tmp_path):
+    prompt = Prompt(0, 0, "p", "l")
+    samples = [Sample([7, 8], [-0.5, -0.25], [Segment(0, 2)], SampleStatus.COMPLETED, reward=1.0) for _ in range(2)]
+    samples[0].teacher_logprobs, samples[1].teacher_logprobs = [-0.1, -0.2], [-0.3, -0.4]
+    group = Group(prompt, [3, 4, 5], samples)
+    batch = to_batch([group], pad_id=0, teacher=True)
+    assert torch.allclose(batch.teacher_logprobs[:, 3:], torch.tensor([[-0.1, -0.2], [-0.3, -0.4]]))
+    assert batch.teacher_logprobs[:, :3].abs().sum().item() == 0.0  # as engine_logprobs: response positions only
+    write_rollout(tmp_path, 0, batch, {"buffer": [group.to_json()]})
+    read, meta = read_rollout(tmp_path, 0)
+    assert torch.equal(read.teacher_logprobs, batch.teacher_logprobs)
+    (buffered,) = [Group.from_json(data) for data in meta["buffer"]]
+    assert [sample.teacher_logprobs for sample in buffered.samples] == [[-0.1, -0.2], [-0.3, -0.4]]
+    # A buffer written before the teacher's log probs were (format 3) reads as not scored yet.
+    old = group.to_json()
+    for sample in old["samples"]:
+        del sample["teacher_logprobs"]
+    assert all(sample.teacher_logprobs is None for sample in Group.from_json(old).samples)
+    assert to_batch([group], pad_id=0).teacher_logprobs is None
