@@ -28,7 +28,6 @@ loss reads them as it reads a padded batch.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 
 import torch
@@ -107,28 +106,30 @@ class ModelInput:
         to end; the scored positions among them; the whole samples' padded boundaries."""
         if not self.packed:
             raise ValueError("context parallelism splits packed micro-batches only")
-        edges = self.bounds.tolist()
+        starts, ends = self.bounds[:-1].cpu(), self.bounds[1:].cpu()
         pieces = 2 * ranks
-        padded = [-(-(end - start) // pieces) * pieces for start, end in zip(edges, edges[1:])]
-        held = []  # per local slot: the position of this micro-batch's sequence it holds, or -1 (padding)
-        for start, end, size in zip(edges, edges[1:], padded):
-            chunk = size // pieces
-            for index in (rank, pieces - 1 - rank):
-                held += [start + o if start + o < end else -1 for o in range(index * chunk, (index + 1) * chunk)]
-        local_of = {position: slot for slot, position in enumerate(held) if position >= 0}
-        held_positions = torch.tensor(held, dtype=torch.long)
-        real = held_positions >= 0
+        padded = -(-(ends - starts) // pieces) * pieces  # each sample's length, padded
+        chunk = padded // pieces
+        # Every local slot, sample by sample: its sample, and its index among the sample's 2 x chunk slots.
+        sample = torch.repeat_interleave(torch.arange(len(chunk)), 2 * chunk)
+        index = torch.arange(len(sample)) - (torch.cumsum(2 * chunk, 0) - 2 * chunk)[sample]
+        size = chunk[sample]
+        offset = torch.where(index < size, rank * size + index, (pieces - 1 - rank) * size + index - size)
+        held = starts[sample] + offset
+        real = held < ends[sample]  # the rest pads the sample to a whole number of chunks
         tokens = self.tokens.new_zeros(1, len(held))
-        tokens[0, real.to(tokens.device)] = self.tokens[0, held_positions[real].to(tokens.device)]
-        scored = self.positions.tolist()
-        kept = torch.tensor([index for index, position in enumerate(scored) if position in local_of], dtype=torch.long)
+        tokens[0, real.to(tokens.device)] = self.tokens[0, held[real].to(tokens.device)]
+        slot_of = torch.full((self.tokens.shape[1],), -1, dtype=torch.long)
+        slot_of[held[real]] = torch.arange(len(held))[real]
+        local = slot_of[self.positions.cpu()]
+        kept = torch.nonzero(local >= 0).flatten()
         rows, columns = self.places
         return replace(
             self,
             tokens=tokens,
             targets=self.targets[:, kept.to(self.targets.device)],
-            bounds=torch.tensor([0, *itertools.accumulate(padded)]),
-            positions=torch.tensor([local_of[scored[index]] for index in kept.tolist()], dtype=torch.long),
+            bounds=torch.cat([padded.new_zeros(1), torch.cumsum(padded, 0)]),
+            positions=local[kept],
             places=(rows[kept], columns[kept]),
             context_ranks=ranks,
         )

@@ -229,9 +229,10 @@ class GroupSampler:
             group = await self.generator.generate(item, results)
             if not group.finished:
                 return group, None
-            if self.teacher is not None:  # while the round's other groups still generate
-                await self.teacher.score([group])
-            return group, await self.scorer.score(group.prompt, group.samples)
+            scored = await self.scorer.score(group.prompt, group.samples)
+            if self.teacher is not None and all(reward is not None for reward, _ in scored):
+                await self.teacher.score([group])  # while the round's other groups still generate
+            return group, scored
 
         groups = await asyncio.gather(*(made(item) for item in work))
         return sum([await self.keep_buffer_or_drop(group, filled, scored) for group, scored in groups])

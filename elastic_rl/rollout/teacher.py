@@ -1,36 +1,35 @@
 """The teacher engines' scoring of a rollout's samples, for on-policy distillation served by engines
 (``algorithm.distillation.engines``).
 
-Before a rollout is committed, every sample of it that the teacher has not
-scored yet is sent to a teacher engine (prompt and response as token ids,
-nothing generated; a group's samples in one request) for its log prob of each
-response token (``EngineClient.input_logprobs``). The teacher engines are reached directly,
-from their records in etcd, each request tried on every serving one in turn.
-The log probs go into the committed batch, so a trainer, a replay or a resume
-never asks the teacher again; a sample scored once is not scored again (a
-buffered group keeps its scores).
+Each group is sent to a teacher engine as soon as it is generated and rewarded
+(its prompt and responses as token ids, one request, nothing generated) for
+the teacher's log prob of each response token (``EngineClient.input_logprobs``);
+whatever reaches a rollout unscored (from a rollout function, or buffered
+before) is scored before the rollout is committed. The teacher engines are
+reached directly, from their records in etcd, each request tried on every
+serving one in turn. The log probs go into the committed batch and the
+buffer, so a trainer, a replay or a resume never asks the teacher again, and
+a sample scored once is not scored again.
 
 A teacher engine that fails is an infrastructure failure, not bad data: a
 request that no serving teacher engine answers is sent again after 1, 2, 4 ...
 30 s, each failure counted, and ``max_failures`` in a row fail the job
 (``GaveUp``). While no teacher engine serves (erld is starting or replacing
-them) requests wait, uncounted: whether a teacher that does not come back fails
-the job is erld's restart budget's to say. An answer that is not the log probs asked for (a refusal, a
-malformed body) fails the job at once: the same request would get it again.
+them) requests wait, uncounted: whether a teacher that does not come back
+fails the job is for erld's restart budget to say. An answer that is not the
+log probs asked for (a refusal, a malformed body) fails the job at once: the
+same request would get it again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from elastic_rl.engines.direct import DirectEngineClient
 from elastic_rl.errors import EngineError, EngineRejected, GaveUp
 from elastic_rl.retry import with_retries
 from elastic_rl.rollout.groups import Group
 from elastic_rl.spec.engines import TeacherEnginesSpec
-
-log = logging.getLogger("elastic_rl.rollout.teacher")
 
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0

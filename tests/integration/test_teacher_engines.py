@@ -1,10 +1,13 @@
 """A distillation teacher served by engines: a cpu engine's input-token log probs (SGLang's contract) are the
 model's own, and the orchestrator's teacher scorer retries a teacher that fails, waits for one that is being
-replaced, gives up after its budget, and never asks twice for a sample it has scored."""
+replaced, gives up after its budget, and never asks twice for a sample it has scored; under `make chaos`, a
+job whose teacher engines are killed and hung trains its student as the fault-free job does."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 import torch
@@ -23,6 +26,8 @@ from elastic_rl.rollout.data import Prompt
 from elastic_rl.rollout.groups import Group, Sample, SampleStatus
 from elastic_rl.rollout.teacher import TeacherScorer
 from elastic_rl.spec.engines import TeacherEnginesSpec
+from tests.integration.erld_support import job_events, metrics, run_job, status
+from tests.integration.test_replicas import assert_close_relative, final_weights
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -132,3 +137,45 @@ def test_a_teacher_that_keeps_failing_fails_the_job_after_its_budget(quick):
             return scorer
 
     assert asyncio.run(run()).failures == 3
+
+
+def hang(daemon, job: str, proc: str):
+    """A fault: stop ``proc`` (SIGSTOP), as a hung engine; erld's health check finds it and replaces it."""
+
+    def stop() -> None:
+        os.kill(status(daemon, job)["procs"][proc]["pid"], signal.SIGSTOP)
+
+    stop.__name__ = f"hang-{proc}"
+    return stop
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
+def test_teacher_engines_killed_and_hung_leave_the_student_as_a_fault_free_run_trains_it(daemon, tmp_path, checkpoints):
+    """Two teacher engines, one killed at rollout 2 and the other hung at rollout 5: both are replaced, the
+    requests they broke are sent again, each sample is scored once, and the student's weights end as the
+    fault-free run's (deterministic mode: the same samples, and the same teacher log probs from either
+    engine)."""
+    _, teacher = checkpoints
+    overrides = [
+        "rollout.num_rollouts=8",
+        "engines.count=1",
+        "engines.health_timeout_s=2",
+        "engines.hang_timeout_s=10",
+        f"algorithm.distillation.teacher={teacher}",
+        "algorithm.distillation.engines.count=2",
+    ]
+    job = [arg for override in overrides for arg in ("--set", override)]
+    clean, faulty = tmp_path / "clean", tmp_path / "faulty"
+    run_job(daemon, clean, job, timeout_s=400)
+    injected = run_job(daemon, faulty, job, [("teacher-0", 2), (hang(daemon, "tiny-grpo", "teacher-1"), 5)])
+    assert injected == ["teacher-0", "hang-teacher-1"]
+    assert_close_relative(final_weights(clean, 8), final_weights(faulty, 8), 1e-5)
+    events = job_events(faulty)
+    assert {e["proc"] for e in events if e["kind"] == "proc_restarted"} == {"teacher-0", "teacher-1"}
+    assert [e["proc"] for e in events if e["kind"] == "engine_unhealthy"] == ["teacher-1"]
+    lines = metrics(faulty)
+    assert [line["rollout/teacher_scored"] for line in lines] == [line["rollout/samples_used"] for line in lines]
+    assert sum(line["rollout/teacher_failures"] for line in lines) > 0
+    kl = [line["train/distillation_reverse_kl"] for line in lines]
+    assert kl[-1] < kl[0], kl

@@ -1,0 +1,109 @@
+"""Benchmark: on-policy distillation with the teacher in the trainer against teacher engines, and what a
+teacher engine's death costs.
+
+    .venv/bin/python bench/distillation_bench.py                 # 3 repeats of each way
+    .venv/bin/python bench/distillation_bench.py --repeats 1
+
+First the teacher: the tiny job trained for 30 rollouts. Then students from the tiny job's start, 10
+rollouts each on one engine at a constant learning rate, rewarded by tests.rewards:group_copy_rate (no
+signal for GRPO: they learn from the teacher alone), one job after another under one erld:
+
+- ``trainer``: the teacher held in the trainer;
+- ``engines``: one teacher engine;
+- ``engines, killed``: one teacher engine, killed (SIGKILL) as it answers its first request of rollout 3.
+
+Per way it prints the mean over the repeats of the job's wall time (start to its last rollout), the
+seconds from a rollout's last sample to the teacher's last score (``rollout/teacher_time``), the
+slowest iteration (``perf/iteration_time``: with the kill, the rollout that waits for the teacher's
+replacement), the reward of the last rollout and the reverse KL to the teacher at the first and last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import mean
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import SPEC, erl, job_status, running_daemon  # noqa: E402
+
+ROLLOUTS = 10
+GROUPS_PER_ROLLOUT = 32  # the tiny job's prompts per rollout: one scoring request each
+KILLED_IN = 3
+STUDENT = [
+    f"rollout.num_rollouts={ROLLOUTS}",
+    "engines.count=1",
+    "trainer.lr_decay=constant",
+    "rollout.group_reward_function=tests.rewards:group_copy_rate",
+]
+WAYS = {"trainer": [], "engines": ["algorithm.distillation.engines.count=1"]}
+
+
+def submit(endpoint: str, name: str, workdir: Path, overrides: list[str]) -> None:
+    sets = [arg for override in [f"name={name}", *overrides] for arg in ("--set", override)]
+    erl("submit", str(SPEC), *sets, "--workdir", str(workdir), "--etcd", endpoint)
+
+
+def finished(endpoint: str, name: str, workdir: Path) -> list[dict]:
+    """The job's metric lines once it has succeeded, each with ``minutes`` since its start."""
+    while (phase := job_status(endpoint, name)["status"]["phase"]) not in ("succeeded", "failed"):
+        time.sleep(0.5)
+    assert phase == "succeeded", job_status(endpoint, name)
+    started = orjson.loads((workdir / "events.jsonl").read_text().splitlines()[0])["time"]
+    lines = [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [{**line, "minutes": (line["time"] - started) / 60} for line in lines]
+
+
+def teacher_answers(workdir: Path) -> int:
+    return sum(log.read_text().count("POST /generate") for log in (workdir / "logs").glob("teacher-*.log"))
+
+
+def kill_the_teacher(endpoint: str, name: str, workdir: Path) -> None:
+    """SIGKILL teacher-0 as it answers its first scoring request of rollout KILLED_IN."""
+    while (pid := job_status(endpoint, name)["procs"].get("teacher-0", {}).get("pid")) is None:
+        time.sleep(0.1)
+    while teacher_answers(workdir) <= KILLED_IN * GROUPS_PER_ROLLOUT:
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="erl-distillation-bench-"))
+    with running_daemon(root, cpu_devices=4) as endpoint:
+        submit(endpoint, "teacher", root / "teacher", ["rollout.num_rollouts=30", "engines.count=1"])
+        finished(endpoint, "teacher", root / "teacher")
+        taught = [f"algorithm.distillation.teacher={root / 'teacher' / 'weights' / '30'}", *STUDENT]
+        runs: dict[str, list[list[dict]]] = {way: [] for way in [*WAYS, "engines, killed"]}
+        for repeat in range(args.repeats):
+            for way, overrides in [*WAYS.items(), ("engines, killed", WAYS["engines"])]:
+                name = f"{way.replace(', ', '-')}-{repeat}"
+                submit(endpoint, name, root / name, [*taught, *overrides])
+                if way == "engines, killed":
+                    kill_the_teacher(endpoint, name, root / name)
+                runs[way].append(finished(endpoint, name, root / name))
+    print("| teacher | job wall time | teacher_time | slowest iteration | last reward | reverse KL, first, last |")
+    print("|---|---|---|---|---|---|")
+    for way, jobs in runs.items():
+        wall = mean(lines[-1]["minutes"] * 60 for lines in jobs)
+        waits = mean(mean(line.get("rollout/teacher_time", 0.0) for line in lines) for lines in jobs)
+        slowest = mean(max(line.get("perf/iteration_time", 0.0) for line in lines) for lines in jobs)
+        reward = mean(lines[-1]["rollout/reward_mean"] for lines in jobs)
+        kl = (
+            mean(lines[0]["train/distillation_reverse_kl"] for lines in jobs),
+            mean(lines[-1]["train/distillation_reverse_kl"] for lines in jobs),
+        )
+        print(f"| {way} | {wall:.1f} s | {waits:.2f} s | {slowest:.2f} s | {reward:.3f} | {kl[0]:.3f}, {kl[1]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
