@@ -553,13 +553,7 @@ class JobAgent:
         if version is not None and str(version) != (await client.model_info())["weight_version"]:
             await client.update_weights_from_disk(str(layout.weights_dir(self.workdir, version)), str(version))
         await engines.register(router_url, engine_url, self.spec.engines.startup_timeout_s, self.secret)
-        proc.serving = True
-        self.health_watches[proc.name] = EngineWatch(time.time())
-        await self._publish(proc)
-        if announce:
-            await self.events.emit(
-                EventKind.ENGINE_SERVING, "registered with the router", proc=proc.name, device=proc.device
-            )
+        await self._serving(proc, "registered with the router" if announce else None)
 
     async def _serve_teacher(self, proc: LocalProc, announce: bool) -> None:
         """A teacher engine serves once it answers: it is in no router (the orchestrator reaches the teacher
@@ -572,13 +566,16 @@ class JobAgent:
         except EngineError as exc:
             await self._replace_engine(proc, f"it did not start: {exc}")
             return
+        await self._serving(proc, "a teacher engine, serving" if announce else None)
+
+    async def _serving(self, proc: LocalProc, news: str | None) -> None:
+        """An engine serves from now on: health-checked, recorded as serving (where the orchestrator's direct
+        requests look), and with ``news``, announced."""
         proc.serving = True
         self.health_watches[proc.name] = EngineWatch(time.time())
         await self._publish(proc)
-        if announce:
-            await self.events.emit(
-                EventKind.ENGINE_SERVING, "a teacher engine, serving", proc=proc.name, device=proc.device
-            )
+        if news is not None:
+            await self.events.emit(EventKind.ENGINE_SERVING, news, proc=proc.name, device=proc.device)
 
     async def _register_every_engine(self, router_url: str) -> None:
         reported = await self.store.get_prefix(keys.procs(self.job_id))
