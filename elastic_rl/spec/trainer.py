@@ -197,11 +197,10 @@ class TrainerSpec(Component):
         if self.context_parallel == 1:
             return self
         refuse_unbuilt(
-            "trainer.context_parallel is built for packed micro-batches in one stage, without sequence "
+            "trainer.context_parallel is built for packed micro-batches, without sequence "
             "parallelism, of fp32 or bf16 parameters",
             {
                 "trainer.packing true": not self.packing,
-                "trainer.pipeline_parallel 1": self.pipeline_parallel > 1,
                 "trainer.sequence_parallel false": self.sequence_parallel,
                 "trainer.expert_parallel 1": self.expert_parallel > 1,
                 "trainer.dtype fp32 or bf16": self.dtype is Precision.BF16_PARAMS,

@@ -1,7 +1,7 @@
 """A replica whose samples are split over context-parallel ranks, started by test_context_parallel.py.
 
-    python -m tests.integration.context_parallel_worker OUT_DIR TP MODE [DP]   (RANK, WORLD_SIZE = TP x CP x DP,
-    MASTER_*)
+    python -m tests.integration.context_parallel_worker OUT_DIR TP MODE [DP [PP]]   (RANK, WORLD_SIZE =
+    TP x CP x PP x DP, MASTER_*)
 
 MODE ``attention``: megatron's groups at CP = WORLD_SIZE (over NCCL where the ranks were given GPUs); the
 project's attention of a packed micro-batch
@@ -9,8 +9,8 @@ of samples of several lengths (none a multiple of 2 x CP), split over the ranks,
 attention unsplit on every rank. Each rank writes the largest gaps of its tokens' outputs and of the
 query, key and value gradients of a weighted sum of them.
 
-MODE ``train``: one replica of TP x CP x DP ranks (DP 1 unless given, AdamW sharded over DP) trains the
-tiny model for three GRPO steps on a synthetic
+MODE ``train``: one replica of TP x CP x PP x DP ranks (DP and PP 1 unless given, AdamW sharded over DP,
+the layers in PP pipeline stages) trains the tiny model for three GRPO steps on a synthetic
 rollout, packed micro-batches cut by a token budget, then snapshots it. Rank 0 writes the gathered
 weights (OUT_DIR/weights.pt) and every rank the old-policy log probs of the rollout
 (OUT_DIR/logprobs.<rank>.pt). MODE ``load``: a replica of one rank loads that snapshot and writes its
@@ -105,17 +105,18 @@ def held_positions(item, rank: int, ranks: int) -> torch.Tensor:
     return torch.tensor(held)
 
 
-def spec_at(tensor_parallel: int, context_parallel: int, data_parallel: int = 1):
+def spec_at(tensor_parallel: int, context_parallel: int, data_parallel: int = 1, pipeline_parallel: int = 1):
     layout = [
         f"trainer.tensor_parallel={tensor_parallel}",
         f"trainer.context_parallel={context_parallel}",
         f"trainer.data_parallel={data_parallel}",
+        f"trainer.pipeline_parallel={pipeline_parallel}",
     ]
     return load_spec(SPEC, [*COMMON, *layout, "trainer.max_tokens_per_micro_batch=60"])
 
 
-def train(out: Path, tensor_parallel: int, context_parallel: int, data_parallel: int) -> None:
-    spec = spec_at(tensor_parallel, context_parallel, data_parallel)
+def train(out: Path, tensor_parallel: int, context_parallel: int, data_parallel: int, pipeline_parallel: int) -> None:
+    spec = spec_at(tensor_parallel, context_parallel, data_parallel, pipeline_parallel)
     source = ModelSource.from_spec(spec.model)
     trainer, state = solo_replica(spec, source.build_policy())
     batch = rollout(len(source.tokenizer))
@@ -142,14 +143,17 @@ def load(out: Path) -> None:
 def main() -> None:
     out, tensor_parallel, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     data_parallel = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    pipeline_parallel = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     out.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
-    context_parallel = int(os.environ["WORLD_SIZE"]) // (tensor_parallel * data_parallel)
-    init_model_parallel(tensor_parallel, seed=5, context_parallel=context_parallel)
+    context_parallel = int(os.environ["WORLD_SIZE"]) // (tensor_parallel * data_parallel * pipeline_parallel)
+    init_model_parallel(
+        tensor_parallel, seed=5, context_parallel=context_parallel, pipeline_parallel=pipeline_parallel
+    )
     if mode == "attention":
         attention(out, context_parallel)
     elif mode == "train":
-        train(out, tensor_parallel, context_parallel, data_parallel)
+        train(out, tensor_parallel, context_parallel, data_parallel, pipeline_parallel)
     else:
         load(out)
 

@@ -48,17 +48,17 @@ the lowest priority (docs/benchmarks/recovery.md)."""
 
 @contextlib.contextmanager
 def running_daemon(
-    root: Path, gpus: str | None = None, pool: dict[str, int] = NO_POOL, metrics: bool = False
+    root: Path, gpus: str | None = None, pool: dict[str, int] = NO_POOL, metrics: bool = False, slots: int = 8
 ) -> Iterator[Topology]:
-    """One erld (node "test-node", 8 device slots, or with ``gpus`` the machine's GPUs, and an embedded
-    etcd, with ``pool``'s interpreters; ``metrics``: serving /metrics) with its systemd notify socket
-    captured as ``.notify``, stopped at the end."""
+    """One erld (node "test-node", ``slots`` device slots, or with ``gpus`` the machine's GPUs, and an
+    embedded etcd, with ``pool``'s interpreters; ``metrics``: serving /metrics) with its systemd notify
+    socket captured as ``.notify``, stopped at the end."""
     notify_path = root / "notify.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         notify.bind(str(notify_path))
         environment = {"NOTIFY_SOCKET": str(notify_path)}
         topology = Topology.single(
-            root, cpu_devices=8, environment=environment, name="test-node", gpus=gpus, pool=pool, metrics=metrics
+            root, cpu_devices=slots, environment=environment, name="test-node", gpus=gpus, pool=pool, metrics=metrics
         )
         with topology:
             topology.notify = notify

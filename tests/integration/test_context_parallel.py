@@ -23,15 +23,24 @@ def test_split_attention_is_unsplit_attention_forward_and_backward(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("tensor_parallel", "data_parallel"),
-    [(1, 1), pytest.param(2, 1, marks=pytest.mark.chaos), pytest.param(1, 2, marks=pytest.mark.chaos)],
+    ("tensor_parallel", "data_parallel", "pipeline_parallel"),
+    [
+        (1, 1, 1),
+        pytest.param(2, 1, 1, marks=pytest.mark.chaos),
+        pytest.param(1, 2, 1, marks=pytest.mark.chaos),
+        pytest.param(1, 1, 2, marks=pytest.mark.chaos),
+    ],
 )
-def test_a_replica_at_cp2_trains_as_at_cp1_and_its_snapshot_loads_at_cp1(tmp_path, tensor_parallel, data_parallel):
-    """At TP=1, and (`make chaos`) with TP=2 or two data-parallel ranks (AdamW sharded over them)."""
+def test_a_replica_at_cp2_trains_as_at_cp1_and_its_snapshot_loads_at_cp1(
+    tmp_path, tensor_parallel, data_parallel, pipeline_parallel
+):
+    """At TP=1, and (`make chaos`) with TP=2, two data-parallel ranks (AdamW sharded over them) or two
+    pipeline stages (against CP=1 on one stage)."""
     for context_parallel in (1, 2):
-        ranks = tensor_parallel * context_parallel * data_parallel
+        stages = pipeline_parallel if context_parallel == 2 else 1
+        ranks = tensor_parallel * context_parallel * data_parallel * stages
         out = tmp_path / f"cp{context_parallel}"
-        run_module_ranks(WORKER, ranks, out, tensor_parallel, "train", data_parallel)
+        run_module_ranks(WORKER, ranks, out, tensor_parallel, "train", data_parallel, stages)
     one, two = (torch.load(tmp_path / f"cp{size}" / "weights.pt") for size in (1, 2))
     assert one.keys() == two.keys()
     for name in one:
@@ -40,7 +49,7 @@ def test_a_replica_at_cp2_trains_as_at_cp1_and_its_snapshot_loads_at_cp1(tmp_pat
         assert gap <= 2e-3, (name, gap)
     # The old-policy pass: every rank holds every sample's log probs, as the unsplit replica computes them.
     whole = torch.load(tmp_path / "cp1" / "logprobs.0.pt")
-    for rank in range(2 * tensor_parallel * data_parallel):
+    for rank in range(2 * tensor_parallel * data_parallel * pipeline_parallel):
         torch.testing.assert_close(torch.load(tmp_path / "cp2" / f"logprobs.{rank}.pt"), whole, rtol=0, atol=1e-5)
     run_module_ranks(WORKER, 1, tmp_path / "cp2", 1, "load")
     loaded = torch.load(tmp_path / "cp2" / "loaded.pt")

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from chaos.invariants import check_rollouts_applied_once, check_whole_batches, read_spec
 from checkpoints import layout
-from tests.integration.erld_support import job_events, metrics, run_job, stop_and_resume
+from tests.integration.erld_support import job_events, metrics, run_job, running_daemon, stop_and_resume
 
 pytestmark = [pytest.mark.integration]
 
@@ -147,12 +147,17 @@ def test_a_replica_in_pipeline_stages_loses_no_step_to_a_kill(daemon, tmp_path):
 
 
 @pytest.mark.chaos
-@pytest.mark.timeout(600)
-def test_a_context_parallel_replica_loses_no_step_to_a_kill(daemon, tmp_path):
-    """Two replicas of two context-parallel ranks (each holding half of every sample), the second rank of
-    replica 1 killed: the survivor trains alone, replica 1 comes back healed from it, and the weights end
-    within fp32 noise of the fault-free run's."""
-    check_a_replica_kill(daemon, tmp_path, replicas=2, tensor_parallel=1, context_parallel=2)
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("pipeline_parallel", [1, 2], ids=["one-stage", "pp2"])
+def test_a_context_parallel_replica_loses_no_step_to_a_kill(tmp_path, pipeline_parallel):
+    """Two replicas of two context-parallel ranks (each holding half of every sample), on one stage or
+    two, the last rank of replica 1 killed: the survivor trains alone, replica 1 comes back healed from
+    it, and the weights end within fp32 noise of the fault-free run's. On an erld of 10 slots: two
+    replicas of four ranks and two engines."""
+    with running_daemon(tmp_path, slots=10) as daemon:
+        check_a_replica_kill(
+            daemon, tmp_path, replicas=2, tensor_parallel=1, context_parallel=2, pipeline_parallel=pipeline_parallel
+        )
 
 
 @pytest.mark.chaos

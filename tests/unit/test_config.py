@@ -267,7 +267,6 @@ def test_sequence_parallelism_is_refused_where_it_is_not_built(trainer, named):
     "trainer, named",
     [
         ({"packing": False}, "trainer.packing true"),
-        ({"pipeline_parallel": 2}, "trainer.pipeline_parallel 1"),
         ({"tensor_parallel": 2, "sequence_parallel": True}, "trainer.sequence_parallel false"),
         ({"dtype": "bf16-params"}, "trainer.dtype fp32 or bf16"),
     ],
@@ -278,8 +277,9 @@ def test_context_parallelism_is_refused_where_it_is_not_built(trainer, named):
 
 
 def test_context_parallel_ranks_are_ranks_of_the_replica(tmp_path):
-    spec = validate_spec({"name": "j", "trainer": {"context_parallel": 2, "tensor_parallel": 2, "data_parallel": 2}})
-    assert spec.trainer.ranks_per_replica == 8
+    layout = {"context_parallel": 2, "tensor_parallel": 2, "pipeline_parallel": 2, "data_parallel": 2}
+    spec = validate_spec({"name": "j", "trainer": layout})
+    assert spec.trainer.ranks_per_replica == 16
     moe = {"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2}
     mixture = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "moe", **moe))}
     with pytest.raises(SpecError, match="trainer.context_parallel is built for dense models"):
