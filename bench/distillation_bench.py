@@ -3,6 +3,7 @@ teacher engine's death costs.
 
     .venv/bin/python bench/distillation_bench.py                 # 3 repeats of each way
     .venv/bin/python bench/distillation_bench.py --repeats 1
+    .venv/bin/python bench/distillation_bench.py --against-grpo  # the reward curves beside GRPO's
 
 First the teacher: the tiny job trained for 30 rollouts. Then students from the tiny job's start, 10
 rollouts each on one engine at a constant learning rate, rewarded by tests.rewards:group_copy_rate (no
@@ -16,6 +17,12 @@ Per way it prints the mean over the repeats of the job's wall time (start to its
 seconds from a rollout's last sample to the teacher's last score (``rollout/teacher_time``), the
 slowest iteration (``perf/iteration_time``: with the kill, the rollout that waits for the teacher's
 replacement), the reward of the last rollout and the reverse KL to the teacher at the first and last.
+
+With ``--against-grpo``, three students from the same start as long as the teacher trained (30 rollouts,
+one engine, a constant learning rate of 0.01, the teacher in the trainer): GRPO alone, GRPO with
+distillation, and distillation alone (tests.rewards:group_copy_rate, as above). It prints their reward
+every five rollouts and the first rollout whose reward reached half the teacher's and the teacher's
+(the mean of its last five rollouts).
 """
 
 from __future__ import annotations
@@ -44,6 +51,13 @@ STUDENT = [
     "rollout.group_reward_function=tests.rewards:group_copy_rate",
 ]
 WAYS = {"trainer": [], "engines": ["algorithm.distillation.engines.count=1"]}
+TEACHER_ROLLOUTS = 30
+CURVE = ["engines.count=1", "trainer.lr_decay=constant", "trainer.lr=0.01", f"rollout.num_rollouts={TEACHER_ROLLOUTS}"]
+STUDENTS = {
+    "GRPO": CURVE,
+    "GRPO and distillation": [*CURVE, "{teacher}"],
+    "distillation alone": [*CURVE, "{teacher}", "rollout.group_reward_function=tests.rewards:group_copy_rate"],
+}
 
 
 def submit(endpoint: str, name: str, workdir: Path, overrides: list[str]) -> None:
@@ -74,15 +88,36 @@ def kill_the_teacher(endpoint: str, name: str, workdir: Path) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def against_grpo(endpoint: str, root: Path, teacher: list[dict]) -> None:
+    """The three students' reward curves beside the teacher's last reward."""
+    target = mean(line["rollout/reward_mean"] for line in teacher[-5:])
+    marks = list(range(0, TEACHER_ROLLOUTS, 5)) + [TEACHER_ROLLOUTS - 1]
+    print(f"teacher: {target:.3f} (the mean of its last five rollouts)")
+    print(f"| student | {' | '.join(str(mark + 1) for mark in marks)} | half the teacher's | the teacher's |")
+    print("|---" * (len(marks) + 3) + "|")
+    for name, overrides in STUDENTS.items():
+        workdir = root / name.lower().replace(" ", "-")
+        teacher_set = f"algorithm.distillation.teacher={root / 'teacher' / 'weights' / str(TEACHER_ROLLOUTS)}"
+        submit(endpoint, workdir.name, workdir, [teacher_set if o == "{teacher}" else o for o in overrides])
+        rewards = [line["rollout/reward_mean"] for line in finished(endpoint, workdir.name, workdir)]
+        reached = [next((i + 1 for i, r in enumerate(rewards) if r >= goal), "-") for goal in (target / 2, target)]
+        row = " | ".join(f"{rewards[mark]:.3f}" for mark in marks)
+        print(f"| {name} | {row} | {reached[0]} | {reached[1]} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--against-grpo", action="store_true", help="the reward curves beside GRPO's instead")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="erl-distillation-bench-"))
     with running_daemon(root, cpu_devices=4) as endpoint:
-        submit(endpoint, "teacher", root / "teacher", ["rollout.num_rollouts=30", "engines.count=1"])
-        finished(endpoint, "teacher", root / "teacher")
-        taught = [f"algorithm.distillation.teacher={root / 'teacher' / 'weights' / '30'}", *STUDENT]
+        submit(endpoint, "teacher", root / "teacher", [f"rollout.num_rollouts={TEACHER_ROLLOUTS}", "engines.count=1"])
+        teacher = finished(endpoint, "teacher", root / "teacher")
+        if args.against_grpo:
+            against_grpo(endpoint, root, teacher)
+            return
+        taught = [f"algorithm.distillation.teacher={root / 'teacher' / 'weights' / str(TEACHER_ROLLOUTS)}", *STUDENT]
         runs: dict[str, list[list[dict]]] = {way: [] for way in [*WAYS, "engines, killed"]}
         for repeat in range(args.repeats):
             for way, overrides in [*WAYS.items(), ("engines, killed", WAYS["engines"])]:
