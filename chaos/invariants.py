@@ -31,7 +31,7 @@ the same spec and returns one ``Check`` per invariant:
    mismatch either (``policies.determinism``).
 11. where deterministic mode promises it (cpu engines, an fp32 trainer), the
    trainer's log probs of every rollout's samples of the weights it held are
-   the engines' within ``LOGPROB_GAP_BOUND``, and the orchestrator reported no
+   the engines' within ``JobSpec.logprob_gap_bound``, and the orchestrator reported no
    rollout past it.
 12. one writer: no superseded instance of a process committed after its
    successor. Each rollout records the orchestrator that wrote it and each
@@ -60,7 +60,7 @@ from checkpoints.rollout_log import BATCH_FILE
 from elastic_rl.engines import token_ledger
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store.job_phase import JobPhase
-from policies.determinism import LOGPROB_GAP_BOUND, ON_POLICY_GAP, logprob_gap_exceeded, versions_out_of_bounds
+from policies.determinism import ON_POLICY_GAP, logprob_gap_exceeded, versions_out_of_bounds
 
 
 @dataclass(frozen=True)
@@ -251,16 +251,17 @@ def check_segment_versions(run: Path, spec: JobSpec, events: list[dict]) -> Chec
 
 def check_logprob_gap(run: Path, spec: JobSpec, events: list[dict]) -> Check:
     name = "the trainer's log probs are the engines'"
-    if not spec.promises_equal_logprobs:
+    bound = spec.logprob_gap_bound
+    if bound is None:
         return Check(name, True, "not promised (deterministic mode with cpu engines and an fp32 trainer only)")
     lines = layout.read_lines(layout.metrics_lines_path(run))
     gaps = [(line["rollout"], line.get(ON_POLICY_GAP)) for line in lines]
-    past = [(rollout_id, gap) for rollout_id, gap in gaps if logprob_gap_exceeded(gap, promised=True)]
+    past = [(rollout_id, gap) for rollout_id, gap in gaps if logprob_gap_exceeded(gap, bound)]
     reported = [e["rollout"] for e in events if e["kind"] == "logprob_gap_exceeded"]
     if past or reported:
-        return Check(name, False, f"(rollout, gap) past {LOGPROB_GAP_BOUND:g}: {past[:5]}; reported in {reported}")
+        return Check(name, False, f"(rollout, gap) past {bound:g}: {past[:5]}; reported in {reported}")
     largest = max((gap for _, gap in gaps if gap is not None), default=0.0)
-    return Check(name, True, f"largest gap {largest:.2e} (bound {LOGPROB_GAP_BOUND:g})")
+    return Check(name, True, f"largest gap {largest:.2e} (bound {bound:g})")
 
 
 ORCHESTRATOR_DEATH_SLACK = 2.0

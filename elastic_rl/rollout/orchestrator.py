@@ -62,7 +62,7 @@ from elastic_rl.rollout.teacher import TeacherScorer
 from elastic_rl.spec.algorithm import AlgorithmKind
 from elastic_rl.spec.job import JobSpec
 from elastic_rl.store.client import StoreUnavailable
-from policies.determinism import LOGPROB_GAP_BOUND, ON_POLICY_GAP, logprob_gap_exceeded, versions_out_of_bounds
+from policies.determinism import ON_POLICY_GAP, logprob_gap_exceeded, versions_out_of_bounds
 from policies.engine_pace import PaceVerdict
 from policies.exits import EXIT_DRAINED, EXIT_GAVE_UP
 
@@ -126,6 +126,7 @@ class Orchestrator:
         self.progress = progress
         self.tokenizer = load_tokenizer(self.spec.model)
         self.replaying = self.spec.debug.train_only is not None
+        self.logprob_gap_bound = self.spec.logprob_gap_bound
         # A replay copies another job's rollouts: it builds no sampler, so it imports none of the user's
         # functions (reward, generate, rollout, filters), which only generating calls.
         self.sampler: GroupSampler | None = None
@@ -377,11 +378,11 @@ class Orchestrator:
         _, meta = read_rollout(self.workdir, rollout_id)
         line = {"rollout": rollout_id, "time": time.time(), **meta["metrics"], **trained}
         gap = trained.get(ON_POLICY_GAP)
-        if logprob_gap_exceeded(gap, promised=self.spec.promises_equal_logprobs):
+        if logprob_gap_exceeded(gap, self.logprob_gap_bound):
             await self.progress.event(
                 EventKind.LOGPROB_GAP_EXCEEDED,
                 f"the trainer's log probs of rollout {rollout_id}'s samples of its weights differ from the engines' "
-                f"by up to {gap:.3g}, past deterministic mode's {LOGPROB_GAP_BOUND:g}: some tokens were not the "
+                f"by up to {gap:.3g}, past deterministic mode's {self.logprob_gap_bound:g}: some tokens were not the "
                 "trained policy's",
                 rollout=rollout_id,
                 gap=gap,

@@ -26,6 +26,7 @@ from elastic_rl.spec.placement import PlacementMode
 from elastic_rl.spec.rollout import RolloutSpec
 from elastic_rl.spec.sizes import SizeRange, declared_sizes
 from elastic_rl.spec.trainer import TrainerSpec, refuse_unbuilt
+from policies.determinism import logprob_gap_bound
 from policies.devices import Precision
 
 
@@ -382,6 +383,17 @@ class JobSpec(Component):
         (``policies.determinism``): deterministic mode, with cpu engines and an fp32 trainer, both computing
         in fp32, on rollouts the job generated (not another job's, replayed by debug.train_only)."""
         return self.rollout.deterministic and not self.needs_cuda and self.debug.train_only is None
+
+    @property
+    def logprob_gap_bound(self) -> float | None:
+        """The largest trainer-engine log prob gap this job's deterministic mode allows (``policies.determinism``,
+        by the policy's depth); None where it promises none."""
+        if not self.promises_equal_logprobs:
+            return None
+        layers = self.model.num_layers
+        if self.model.hf_checkpoint is not None:
+            layers = from_hf_config(self.model.hf_checkpoint).num_layers
+        return logprob_gap_bound(layers)
 
     @property
     def resolved_workdir(self) -> Path:

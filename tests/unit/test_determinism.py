@@ -12,7 +12,15 @@ import pytest
 from chaos.invariants import check_logprob_gap, check_segment_versions
 from checkpoints import layout
 from checkpoints.rollout_log import write_rollout
-from policies.determinism import LOGPROB_GAP_BOUND, ON_POLICY_GAP, logprob_gap_exceeded, versions_out_of_bounds
+from elastic_rl.spec.loading import validate_spec
+from policies.determinism import (
+    LOGPROB_GAP_FLOOR,
+    ON_POLICY_GAP,
+    logprob_gap_bound,
+    logprob_gap_exceeded,
+    versions_out_of_bounds,
+)
+from tests.unit.test_config import hf_checkpoint
 from tests.unit.test_rollout_state import commit, orchestrator, spec
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -28,12 +36,24 @@ def test_segments_from_the_served_version_or_within_the_bound_are_allowed():
 
 
 def test_the_log_prob_gap_is_bounded_only_where_deterministic_mode_promises_it():
-    assert not logprob_gap_exceeded(4.8e-7, promised=True)
-    assert not logprob_gap_exceeded(LOGPROB_GAP_BOUND, promised=True)
-    assert logprob_gap_exceeded(0.19, promised=True)
-    assert logprob_gap_exceeded(math.nan, promised=True)
-    assert not logprob_gap_exceeded(None, promised=True)  # not measured (SFT)
-    assert not logprob_gap_exceeded(0.19, promised=False)
+    bound = logprob_gap_bound(2)
+    assert not logprob_gap_exceeded(4.8e-7, bound)
+    assert not logprob_gap_exceeded(bound, bound)
+    assert logprob_gap_exceeded(0.19, bound)
+    assert logprob_gap_exceeded(math.nan, bound)
+    assert not logprob_gap_exceeded(None, bound)  # not measured (SFT)
+    assert not logprob_gap_exceeded(0.19, None)
+
+
+def test_the_bound_grows_with_the_policys_depth(tmp_path):
+    # The tiny model's 2 layers take the floor; SmolLM2-135M's 30 allow the 2.3e-5 its trainer and engine
+    # were measured apart, and still report tokens of weights one step away (0.015 to 0.38 at lr 1e-6).
+    assert spec().logprob_gap_bound == LOGPROB_GAP_FLOOR
+    deep = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "deep", num_hidden_layers=30))}
+    bound = validate_spec({"name": "j", "model": deep, "rollout": {"deterministic": True}}).logprob_gap_bound
+    assert logprob_gap_exceeded(2.3e-5, LOGPROB_GAP_FLOOR) and not logprob_gap_exceeded(2.3e-5, bound)
+    assert logprob_gap_exceeded(1e-3, bound)
+    assert spec(rollout={"deterministic": False}).logprob_gap_bound is None
 
 
 def test_only_deterministic_cpu_engines_and_an_fp32_trainer_promise_equal_log_probs(tmp_path):
