@@ -147,9 +147,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
     context_parallel = int(os.environ["WORLD_SIZE"]) // (tensor_parallel * data_parallel * pipeline_parallel)
-    init_model_parallel(
-        tensor_parallel, seed=5, context_parallel=context_parallel, pipeline_parallel=pipeline_parallel
-    )
+    init_model_parallel(tensor_parallel, seed=5, context_parallel=context_parallel, pipeline_parallel=pipeline_parallel)
     if mode == "attention":
         attention(out, context_parallel)
     elif mode == "train":
