@@ -32,7 +32,7 @@ from elastic_rl.trainer.grad_norm import grad_norm
 from elastic_rl.trainer.gradient_buffer import view_gradients
 from elastic_rl.trainer.lr_schedule import lr_lambda
 from elastic_rl.trainer.micro_batches import MicroBatch
-from elastic_rl.trainer.optimizer import build_optimizer, local_optimizer, take_scheduled_rates
+from elastic_rl.trainer.optimizer import build_optimizer, load_trained_state, local_optimizer, trained_state
 
 Aggregate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(per-token values, mask) -> this shard's share of the step's loss, as the policy's loss is aggregated."""
@@ -65,17 +65,10 @@ class Critic:
         return TrainingState(self.model, self.local_optimizer, self.scheduler, optimizer_on_host=on_host)
 
     def heal_state(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optim": self.local_optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-        }
+        return trained_state(self.model, self.optimizer, self.scheduler)
 
     def heal(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.local_optimizer.load_state_dict(state["optim"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        take_scheduled_rates(self.optimizer, self.scheduler)
+        load_trained_state(self.model, self.optimizer, self.scheduler, state)
 
     @torch.no_grad()
     def values(self, micro_batches: list[MicroBatch], shape: torch.Size, device: torch.device) -> torch.Tensor:

@@ -68,6 +68,33 @@ def main_weights(optimizer: torch.optim.Optimizer | MasterWeights) -> MasterWeig
     return optimizer if isinstance(optimizer, MasterWeights) else None
 
 
+def trained_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | MasterWeights,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict:
+    """What a heal carries of one trained model from a peer's rank to the same rank of the healed
+    replica: the weights, this rank's optimizer state and the schedule's position."""
+    return {
+        "model": model.state_dict(),
+        "optim": local_optimizer(optimizer).state_dict(),
+        "scheduler": scheduler.state_dict(),
+    }
+
+
+def load_trained_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | MasterWeights,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: dict,
+) -> None:
+    """Take a peer's ``trained_state`` of the same model."""
+    model.load_state_dict(state["model"])
+    local_optimizer(optimizer).load_state_dict(state["optim"])
+    scheduler.load_state_dict(state["scheduler"])
+    take_scheduled_rates(optimizer, scheduler)
+
+
 def take_scheduled_rates(
     optimizer: torch.optim.Optimizer | MasterWeights, scheduler: torch.optim.lr_scheduler.LRScheduler
 ) -> None:

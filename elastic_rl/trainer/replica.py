@@ -74,10 +74,11 @@ from elastic_rl.trainer.nan_response import respond_to_nan
 from elastic_rl.trainer.offload import Residency
 from elastic_rl.trainer.optimizer import (
     build_optimizer,
+    load_trained_state,
     local_optimizer,
     main_weights,
     scheduled,
-    take_scheduled_rates,
+    trained_state,
 )
 from elastic_rl.trainer.publisher import RolloutPublisher
 from elastic_rl.trainer.straggler_response import respond_to_straggling
@@ -338,18 +339,13 @@ class TrainerReplica:
 
     def heal_state(self) -> dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
-            "optim": self.local_optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            **trained_state(self.model, self.optimizer, self.scheduler),
             "rollout": self.context.heal_state() if self.context is not None else None,
             "critic": None if self.critic is None else self.critic.heal_state(),
         }
 
     def heal(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.local_optimizer.load_state_dict(state["optim"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        take_scheduled_rates(self.optimizer, self.scheduler)
+        load_trained_state(self.model, self.optimizer, self.scheduler, state)
         if self.critic is not None:
             self.critic.heal(state["critic"])
         self.healed.update(rollout=state["rollout"])
