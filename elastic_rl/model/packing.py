@@ -99,17 +99,27 @@ class ModelInput:
             return spread
         return reduce_from_tensor_model_parallel_region(spread, group=parallel_state.get_context_parallel_group())
 
-    def split_over_context(self, rank: int, ranks: int) -> ModelInput:
+    def split_over_context(self, rank: int, ranks: int, multiple: int = 1) -> ModelInput:
         """Rank ``rank``'s share of this packed micro-batch split over ``ranks`` context-parallel ranks
         (``model.context_parallel``): each sample padded at its end to a multiple of 2 x ``ranks`` and cut
         into that many chunks, of which the rank holds chunks ``rank`` and 2 x ``ranks`` - 1 - ``rank``, end
-        to end; the scored positions among them; the whole samples' padded boundaries."""
+        to end; the scored positions among them; the whole samples' padded boundaries. A rank's share is a
+        multiple of ``multiple`` tokens (sequence parallelism splits it over the tensor-parallel ranks):
+        where the samples' chunks fall short, a sample of padding alone makes up the rest."""
         if not self.packed:
             raise ValueError("context parallelism splits packed micro-batches only")
         starts, ends = self.bounds[:-1].cpu(), self.bounds[1:].cpu()
         pieces = 2 * ranks
         padded = -(-(ends - starts) // pieces) * pieces  # each sample's length, padded
         chunk = padded // pieces
+        # A rank holds two chunks of each sample, an even count: so is what it lacks of a multiple of 2 x multiple.
+        short = -int(2 * chunk.sum()) % (2 * multiple)
+        if short:
+            starts, ends = torch.cat([starts, ends[-1:]]), torch.cat([ends, ends[-1:]])
+            padded, chunk = (
+                torch.cat([padded, padded.new_tensor([ranks * short])]),
+                torch.cat([chunk, chunk.new_tensor([short // 2])]),
+            )
         # Every local slot, sample by sample: its sample, and its index among the sample's 2 x chunk slots.
         sample = torch.repeat_interleave(torch.arange(len(chunk)), 2 * chunk)
         index = torch.arange(len(sample)) - (torch.cumsum(2 * chunk, 0) - 2 * chunk)[sample]

@@ -197,11 +197,9 @@ class TrainerSpec(Component):
         if self.context_parallel == 1:
             return self
         refuse_unbuilt(
-            "trainer.context_parallel is built for packed micro-batches, without sequence "
-            "parallelism, of fp32 or bf16 parameters",
+            "trainer.context_parallel is built for packed micro-batches of fp32 or bf16 parameters",
             {
                 "trainer.packing true": not self.packing,
-                "trainer.sequence_parallel false": self.sequence_parallel,
                 "trainer.expert_parallel 1": self.expert_parallel > 1,
                 "trainer.dtype fp32 or bf16": self.dtype is Precision.BF16_PARAMS,
             },

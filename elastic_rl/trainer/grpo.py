@@ -272,8 +272,10 @@ class GrpoTrainer:
         micro_batches = [MicroBatch.of(batch, group, trainer.packing) for group in groups]
         if self.context_ranks == 1:
             return micro_batches
+        # With sequence parallelism a rank's share splits over the tensor-parallel ranks.
+        multiple = trainer.tensor_parallel if trainer.sequence_parallel else 1
         return [
-            replace(mb, model_input=mb.model_input.split_over_context(self.context_rank, self.context_ranks))
+            replace(mb, model_input=mb.model_input.split_over_context(self.context_rank, self.context_ranks, multiple))
             for mb in micro_batches
         ]
 

@@ -1,6 +1,6 @@
 """A replica whose samples are split over context-parallel ranks, started by test_context_parallel.py.
 
-    python -m tests.integration.context_parallel_worker OUT_DIR TP MODE [DP [PP]]   (RANK, WORLD_SIZE =
+    python -m tests.integration.context_parallel_worker OUT_DIR TP MODE [DP [PP [sp]]]   (RANK, WORLD_SIZE =
     TP x CP x PP x DP, MASTER_*)
 
 MODE ``attention``: megatron's groups at CP = WORLD_SIZE (over NCCL where the ranks were given GPUs); the
@@ -10,7 +10,8 @@ attention unsplit on every rank. Each rank writes the largest gaps of its tokens
 query, key and value gradients of a weighted sum of them.
 
 MODE ``train``: one replica of TP x CP x PP x DP ranks (DP and PP 1 unless given, AdamW sharded over DP,
-the layers in PP pipeline stages) trains the tiny model for three GRPO steps on a synthetic
+the layers in PP pipeline stages, with ``sp`` sequence parallelism over the TP ranks) trains the tiny
+model for three GRPO steps on a synthetic
 rollout, packed micro-batches cut by a token budget, then snapshots it. Rank 0 writes the gathered
 weights (OUT_DIR/weights.pt) and every rank the old-policy log probs of the rollout
 (OUT_DIR/logprobs.<rank>.pt). MODE ``load``: a replica of one rank loads that snapshot and writes its
@@ -105,18 +106,36 @@ def held_positions(item, rank: int, ranks: int) -> torch.Tensor:
     return torch.tensor(held)
 
 
-def spec_at(tensor_parallel: int, context_parallel: int, data_parallel: int = 1, pipeline_parallel: int = 1):
+def spec_at(
+    tensor_parallel: int,
+    context_parallel: int,
+    data_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    *,
+    sequence_parallel: bool = False,
+):
     layout = [
         f"trainer.tensor_parallel={tensor_parallel}",
         f"trainer.context_parallel={context_parallel}",
         f"trainer.data_parallel={data_parallel}",
         f"trainer.pipeline_parallel={pipeline_parallel}",
+        f"trainer.sequence_parallel={str(sequence_parallel).lower()}",
     ]
     return load_spec(SPEC, [*COMMON, *layout, "trainer.max_tokens_per_micro_batch=60"])
 
 
-def train(out: Path, tensor_parallel: int, context_parallel: int, data_parallel: int, pipeline_parallel: int) -> None:
-    spec = spec_at(tensor_parallel, context_parallel, data_parallel, pipeline_parallel)
+def train(
+    out: Path,
+    tensor_parallel: int,
+    context_parallel: int,
+    data_parallel: int,
+    pipeline_parallel: int,
+    *,
+    sequence_parallel: bool,
+) -> None:
+    spec = spec_at(
+        tensor_parallel, context_parallel, data_parallel, pipeline_parallel, sequence_parallel=sequence_parallel
+    )
     source = ModelSource.from_spec(spec.model)
     trainer, state = solo_replica(spec, source.build_policy())
     batch = rollout(len(source.tokenizer))
@@ -144,6 +163,7 @@ def main() -> None:
     out, tensor_parallel, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     data_parallel = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     pipeline_parallel = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    sequence_parallel = len(sys.argv) > 6 and sys.argv[6] == "sp"
     out.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
     context_parallel = int(os.environ["WORLD_SIZE"]) // (tensor_parallel * data_parallel * pipeline_parallel)
@@ -151,7 +171,14 @@ def main() -> None:
     if mode == "attention":
         attention(out, context_parallel)
     elif mode == "train":
-        train(out, tensor_parallel, context_parallel, data_parallel, pipeline_parallel)
+        train(
+            out,
+            tensor_parallel,
+            context_parallel,
+            data_parallel,
+            pipeline_parallel,
+            sequence_parallel=sequence_parallel,
+        )
     else:
         load(out)
 

@@ -267,7 +267,6 @@ def test_sequence_parallelism_is_refused_where_it_is_not_built(trainer, named):
     "trainer, named",
     [
         ({"packing": False}, "trainer.packing true"),
-        ({"tensor_parallel": 2, "sequence_parallel": True}, "trainer.sequence_parallel false"),
         ({"dtype": "bf16-params"}, "trainer.dtype fp32 or bf16"),
     ],
 )

@@ -37,3 +37,18 @@ def test_each_rank_holds_its_two_chunks_of_every_sample_and_the_positions_scored
         (int(row), int(column), int(target)) for row, column, target in zip(*whole.places, whole.targets[0])
     )
     assert sum(split.targets.shape[1] for split in ranks) == whole.targets.shape[1] == 10
+
+
+def test_a_ranks_share_made_up_to_a_multiple_by_a_sample_of_padding():
+    # One sample of 5 positions at CP=2: padded to 8, a rank holds 4. Split again over 3 tensor-parallel
+    # ranks (sequence parallelism), a rank's share grows to 6: a sample of 4 padding tokens, 1 a chunk.
+    tokens = torch.arange(10, 16).unsqueeze(0)
+    whole = packed_input(tokens, torch.tensor([2]), torch.tensor([6]))
+    ranks = [whole.split_over_context(rank, 2, multiple=3) for rank in range(2)]
+    assert ranks[0].tokens.tolist() == [[10, 11, 0, 0, 0, 0]]
+    assert ranks[1].tokens.tolist() == [[12, 13, 14, 0, 0, 0]]
+    assert [split.bounds.tolist() for split in ranks] == [[0, 8, 12]] * 2
+    # The same positions scored as without the padding sample.
+    plain = [whole.split_over_context(rank, 2) for rank in range(2)]
+    assert [split.positions.tolist() for split in ranks] == [split.positions.tolist() for split in plain]
+    assert [split.tokens.shape[1] for split in plain] == [4, 4]
