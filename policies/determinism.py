@@ -24,9 +24,9 @@ LOGPROB_GAP_PER_LAYER = 2e-6
 """The trainer and the engine sum in different orders, so in fp32 they agree to rounding, not bitwise,
 and rounding grows with depth. One fp32 forward's log probs against the same forward in fp64, measured
 on the model's own samples: 6e-7 for the tiny 2-layer model, 2.0e-5 for the 30-layer SmolLM2-135M (and
-its trainer and engine 1.1e-5 to 2.3e-5 apart). Two fp32 forwards may each be that far from the exact
-value, in opposite directions: 2e-6 a layer covers twice SmolLM2's, and the floor the tiny model's many
-times over. Tokens from other weights differ by far more: one AdamW step at lr 1e-6 moves SmolLM2's
+its trainer and engine up to 3.8e-5 apart, in PPO under chaos). Two fp32 forwards may each be that far
+from the exact value, in opposite directions: 2e-6 a layer is 1.5 times twice SmolLM2's, and the floor
+the tiny model's many times over. Tokens from other weights differ by far more: one AdamW step at lr 1e-6 moves SmolLM2's
 log probs of its own samples by 0.015 (the median) to 0.38."""
 
 
