@@ -53,10 +53,11 @@ STUDENT = [
 WAYS = {"trainer": [], "engines": ["algorithm.distillation.engines.count=1"]}
 TEACHER_ROLLOUTS = 30
 CURVE = ["engines.count=1", "trainer.lr_decay=constant", "trainer.lr=0.01", f"rollout.num_rollouts={TEACHER_ROLLOUTS}"]
+TAUGHT = "algorithm.distillation.teacher={teacher}"
 STUDENTS = {
     "GRPO": CURVE,
-    "GRPO and distillation": [*CURVE, "{teacher}"],
-    "distillation alone": [*CURVE, "{teacher}", "rollout.group_reward_function=tests.rewards:group_copy_rate"],
+    "GRPO and distillation": [*CURVE, TAUGHT],
+    "distillation alone": [*CURVE, TAUGHT, "rollout.group_reward_function=tests.rewards:group_copy_rate"],
 }
 
 
@@ -88,8 +89,8 @@ def kill_the_teacher(endpoint: str, name: str, workdir: Path) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def against_grpo(endpoint: str, root: Path, teacher: list[dict]) -> None:
-    """The three students' reward curves beside the teacher's last reward."""
+def against_grpo(endpoint: str, root: Path, teacher: list[dict], weights: Path) -> None:
+    """The three students' reward curves beside the teacher's last reward (``weights``: its checkpoint)."""
     target = mean(line["rollout/reward_mean"] for line in teacher[-5:])
     marks = list(range(0, TEACHER_ROLLOUTS, 5)) + [TEACHER_ROLLOUTS - 1]
     print(f"teacher: {target:.3f} (the mean of its last five rollouts)")
@@ -97,8 +98,7 @@ def against_grpo(endpoint: str, root: Path, teacher: list[dict]) -> None:
     print("|---" * (len(marks) + 3) + "|")
     for name, overrides in STUDENTS.items():
         workdir = root / name.lower().replace(" ", "-")
-        teacher_set = f"algorithm.distillation.teacher={root / 'teacher' / 'weights' / str(TEACHER_ROLLOUTS)}"
-        submit(endpoint, workdir.name, workdir, [teacher_set if o == "{teacher}" else o for o in overrides])
+        submit(endpoint, workdir.name, workdir, [override.format(teacher=weights) for override in overrides])
         rewards = [line["rollout/reward_mean"] for line in finished(endpoint, workdir.name, workdir)]
         reached = [next((i + 1 for i, r in enumerate(rewards) if r >= goal), "-") for goal in (target / 2, target)]
         row = " | ".join(f"{rewards[mark]:.3f}" for mark in marks)
@@ -114,10 +114,11 @@ def main() -> None:
     with running_daemon(root, cpu_devices=4) as endpoint:
         submit(endpoint, "teacher", root / "teacher", [f"rollout.num_rollouts={TEACHER_ROLLOUTS}", "engines.count=1"])
         teacher = finished(endpoint, "teacher", root / "teacher")
+        weights = root / "teacher" / "weights" / str(TEACHER_ROLLOUTS)
         if args.against_grpo:
-            against_grpo(endpoint, root, teacher)
+            against_grpo(endpoint, root, teacher, weights)
             return
-        taught = [f"algorithm.distillation.teacher={root / 'teacher' / 'weights' / str(TEACHER_ROLLOUTS)}", *STUDENT]
+        taught = [TAUGHT.format(teacher=weights), *STUDENT]
         runs: dict[str, list[list[dict]]] = {way: [] for way in [*WAYS, "engines, killed"]}
         for repeat in range(args.repeats):
             for way, overrides in [*WAYS.items(), ("engines, killed", WAYS["engines"])]:

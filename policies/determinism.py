@@ -7,10 +7,10 @@ to each rollout it commits and each rollout the trainers apply, the chaos report
   buffer that is the rollout's own version and nothing else.
 - **Log probs.** Where the engine and the trainer compute the same thing the same way (deterministic
   mode, cpu engines, an fp32 trainer), the trainer's log prob of every response token of a sample the
-  weights it holds generated is the engine's within ``LOGPROB_GAP_BOUND`` (``ON_POLICY_GAP``, the
-  trainer's metric of those samples; the samples of earlier weights, buffered or in async mode, differ
-  by design). A larger gap means some token was not produced by the policy the trainer holds.
-  The bound grows with the model's depth, as fp32 rounding does (``logprob_gap_bound``).
+  weights it holds generated is the engine's within ``logprob_gap_bound`` of the policy's depth
+  (``ON_POLICY_GAP``, the trainer's metric of those samples; the samples of earlier weights, buffered
+  or in async mode, differ by design). A larger gap means some token was not produced by the policy
+  the trainer holds.
 """
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ from collections.abc import Sequence
 ON_POLICY_GAP = "train/on_policy_logprob_abs_diff_max"
 """The trainer's metric the bound applies to: the largest gap over the samples its weights generated."""
 LOGPROB_GAP_FLOOR = 1e-5
+"""The bound of a shallow policy."""
 LOGPROB_GAP_PER_LAYER = 2e-6
-"""The trainer and the engine sum in different orders, so in fp32 they agree to rounding, not bitwise,
-and rounding grows with depth. One fp32 forward's log probs against the same forward in fp64, measured
-on the model's own samples: 6e-7 for the tiny 2-layer model, 2.0e-5 for the 30-layer SmolLM2-135M (and
-its trainer and engine up to 3.8e-5 apart, in PPO under chaos). Two fp32 forwards may each be that far
-from the exact value, in opposite directions: 2e-6 a layer is 1.5 times twice SmolLM2's, and the floor
-the tiny model's many times over. Tokens from other weights differ by far more: one AdamW step at lr 1e-6 moves SmolLM2's
-log probs of its own samples by 0.015 (the median) to 0.38."""
+"""The bound per layer of a deeper one. The trainer and the engine sum in different orders, so in fp32
+they agree to rounding, not bitwise, and rounding grows with depth. One fp32 forward's log probs against
+the same forward in fp64, measured on the model's own samples: 6e-7 for the tiny 2-layer model, 2.0e-5
+for the 30-layer SmolLM2-135M (and its trainer and engine up to 3.8e-5 apart, in PPO under chaos). Two
+fp32 forwards may each be that far from the exact value, in opposite directions: 2e-6 a layer is 1.5
+times twice SmolLM2's, and the floor the tiny model's many times over. Tokens from other weights differ
+by far more: one AdamW step at lr 1e-6 moves SmolLM2's log probs of its own samples by 0.015 (the
+median) to 0.38."""
 
 
 def logprob_gap_bound(layers: int) -> float:

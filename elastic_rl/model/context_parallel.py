@@ -6,7 +6,8 @@ The layout is megatron's. Each sample of a packed micro-batch is padded at its e
 front and its mirror from the back, so that every rank has the same causal work), and its micro-batch
 is its two chunks of each sample, end to end (``ModelInput.split_over_context``). The packed-sequence
 parameters keep the whole samples' padded boundaries: megatron's rotary embedding gives each chunk its
-true positions from them.
+true positions from them. With sequence parallelism a rank's share must split evenly over the
+tensor-parallel ranks: a sample of padding alone, split like the others, makes it up.
 
 - **Attention** (``model.attention``): a rank gathers every rank's keys and values (the backward pass
   sums their gradients back to the rank that holds them), lays each sample's out in order, and

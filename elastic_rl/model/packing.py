@@ -28,6 +28,7 @@ loss reads them as it reads a padded batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -112,8 +113,9 @@ class ModelInput:
         pieces = 2 * ranks
         padded = -(-(ends - starts) // pieces) * pieces  # each sample's length, padded
         chunk = padded // pieces
-        # A rank holds two chunks of each sample, an even count: so is what it lacks of a multiple of 2 x multiple.
-        short = -int(2 * chunk.sum()) % (2 * multiple)
+        # A rank holds two chunks of each sample, an even count: so is what it lacks of a multiple of
+        # lcm(2, multiple), and a padding sample of 2 x ranks chunks gives it that many (two chunks a rank).
+        short = -int(2 * chunk.sum()) % math.lcm(2, multiple)
         if short:
             starts, ends = torch.cat([starts, ends[-1:]]), torch.cat([ends, ends[-1:]])
             padded, chunk = (
@@ -149,6 +151,9 @@ class ModelInput:
         agreed on; packed, ``rows`` is 1 and the added tokens are a sample of their own). Scores the same
         positions."""
         more_rows, more_seq = rows - self.tokens.shape[0], seq - self.tokens.shape[1]
+        if self.context_ranks > 1 and more_seq:
+            # Its bounds are the whole samples': split_over_context makes a rank's share the length it needs.
+            raise ValueError("a micro-batch split over context-parallel ranks is not padded after the split")
         tokens = torch.nn.functional.pad(self.tokens, (0, more_seq, 0, more_rows))
         routing = self.routing
         if routing is not None:

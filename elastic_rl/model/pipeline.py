@@ -14,7 +14,8 @@ On a CPU slot the schedule runs inside ``cpu_shim.cuda_calls_on_cpu``.
 
 With sequence parallelism (``trainer.sequence_parallel``) a micro-batch's
 sequence is padded at its end to a multiple of the tensor-parallel ranks, so
-that it splits evenly over them.
+that it splits evenly over them (one split over context-parallel ranks is one
+already: ``ModelInput.split_over_context`` made it so).
 
 With expert parallelism each layer's token dispatcher gathers the tokens of
 every expert-parallel rank, tensors of one shape each, once per micro-batch.

@@ -25,11 +25,11 @@ def test_split_attention_is_unsplit_attention_forward_and_backward(tmp_path):
 @pytest.mark.parametrize(
     ("tensor_parallel", "data_parallel", "pipeline_parallel", "sequence_parallel"),
     [
-        (1, 1, 1, ""),
-        pytest.param(2, 1, 1, "", marks=pytest.mark.chaos),
-        pytest.param(2, 1, 1, "sp", marks=pytest.mark.chaos),
-        pytest.param(1, 2, 1, "", marks=pytest.mark.chaos),
-        pytest.param(1, 1, 2, "", marks=pytest.mark.chaos),
+        (1, 1, 1, False),
+        pytest.param(2, 1, 1, False, marks=pytest.mark.chaos),
+        pytest.param(2, 1, 1, True, marks=pytest.mark.chaos),
+        pytest.param(1, 2, 1, False, marks=pytest.mark.chaos),
+        pytest.param(1, 1, 2, False, marks=pytest.mark.chaos),
     ],
 )
 def test_a_replica_at_cp2_trains_as_at_cp1_and_its_snapshot_loads_at_cp1(
@@ -41,7 +41,8 @@ def test_a_replica_at_cp2_trains_as_at_cp1_and_its_snapshot_loads_at_cp1(
         stages = pipeline_parallel if context_parallel == 2 else 1
         ranks = tensor_parallel * context_parallel * data_parallel * stages
         out = tmp_path / f"cp{context_parallel}"
-        run_module_ranks(WORKER, ranks, out, tensor_parallel, "train", data_parallel, stages, sequence_parallel)
+        flags = ["sp"] if sequence_parallel else []
+        run_module_ranks(WORKER, ranks, out, tensor_parallel, "train", data_parallel, stages, *flags)
     one, two = (torch.load(tmp_path / f"cp{size}" / "weights.pt") for size in (1, 2))
     assert one.keys() == two.keys()
     for name in one:

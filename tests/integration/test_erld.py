@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -66,7 +67,7 @@ PPO_JOB = [
 
 # The distillation student: the tiny job on one engine, as many rollouts as its teacher had, at a constant
 # learning rate, with a reward that scores a group's samples alike (no signal for GRPO), its teacher served
-# by an engine of its own. At the tiny job's lr 0.003 it reaches half its teacher's reward in 20 rollouts.
+# by an engine of its own. lr 0.01: at the tiny job's 0.003 it has half its teacher's reward after 20 rollouts.
 STUDENT_ROLLOUTS = 30
 STUDENT = [
     "name=tiny-distil",
@@ -85,15 +86,15 @@ def teacher_answers(workdir: Path) -> int:
     return sum(log.read_text().count("POST /generate") for log in (workdir / "logs").glob("teacher-*.log"))
 
 
-def kill_the_teacher_as_it_scores_rollout_3(daemon, student: Path) -> int:
+def kill_the_teacher_as_it_scores_rollout_3(daemon, student: Path, abandoned: threading.Event) -> int:
     """Stop the student's teacher engine at its first answer for rollout 3, as its groups finish generating,
-    and kill it a second later; its pid."""
+    and kill it a second later; its pid. Gives up when ``abandoned`` is set (the test failed meanwhile)."""
     deadline = time.monotonic() + 300
     while (killed := status(daemon, "tiny-distil")["procs"].get("teacher-0", {}).get("pid")) is None:
-        assert time.monotonic() < deadline, status(daemon, "tiny-distil")
+        assert time.monotonic() < deadline and not abandoned.is_set(), status(daemon, "tiny-distil")
         time.sleep(0.1)
     while teacher_answers(student) <= 3 * GROUPS_PER_ROLLOUT:  # its first answer for rollout 3: more will come
-        assert time.monotonic() < deadline, status(daemon, "tiny-distil")
+        assert time.monotonic() < deadline and not abandoned.is_set(), status(daemon, "tiny-distil")
         time.sleep(0.01)
     # Stopped first, so that the requests the rest of the rollout sends meanwhile are in flight at the kill.
     os.kill(killed, signal.SIGSTOP)
@@ -132,9 +133,14 @@ def test_tiny_job_runs_to_completion_and_reward_rises(daemon, tmp_path):
     sets = [arg for o in [f"algorithm.distillation.teacher={teacher}", *STUDENT] for arg in ("--set", o)]
     erl("submit", str(SPEC), *sets, "--workdir", str(student), "--etcd", daemon.endpoint, check=True)
     workdir = tmp_path / "job"
+    abandoned = threading.Event()
     with ThreadPoolExecutor(1) as background:
-        killing = background.submit(kill_the_teacher_as_it_scores_rollout_3, daemon, student)
-        run = erl("run", str(SPEC), *SHORT_JOB, "--workdir", str(workdir), "--etcd", daemon.endpoint, timeout=540)
+        killing = background.submit(kill_the_teacher_as_it_scores_rollout_3, daemon, student, abandoned)
+        try:
+            run = erl("run", str(SPEC), *SHORT_JOB, "--workdir", str(workdir), "--etcd", daemon.endpoint, timeout=540)
+        except BaseException:
+            abandoned.set()
+            raise
         killed = killing.result()
     assert run.returncode == 0, run.stdout + run.stderr
     assert "succeeded" in run.stdout

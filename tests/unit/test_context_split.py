@@ -52,3 +52,5 @@ def test_a_ranks_share_made_up_to_a_multiple_by_a_sample_of_padding():
     plain = [whole.split_over_context(rank, 2) for rank in range(2)]
     assert [split.positions.tolist() for split in ranks] == [split.positions.tolist() for split in plain]
     assert [split.tokens.shape[1] for split in plain] == [4, 4]
+    # Over 2 tensor-parallel ranks the 4 already split evenly: no padding sample.
+    assert [whole.split_over_context(rank, 2, multiple=2).bounds.tolist() for rank in range(2)] == [[0, 8]] * 2
