@@ -36,10 +36,8 @@ import time
 from pathlib import Path
 from statistics import mean
 
-import orjson
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import SPEC, erl, job_status, running_daemon  # noqa: E402
+from harness import SPEC, finished, job_status, running_daemon, submit  # noqa: E402
 
 ROLLOUTS = 10
 GROUPS_PER_ROLLOUT = 32  # the tiny job's prompts per rollout: one scoring request each
@@ -59,21 +57,6 @@ STUDENTS = {
     "GRPO and distillation": [*CURVE, TAUGHT],
     "distillation alone": [*CURVE, TAUGHT, "rollout.group_reward_function=tests.rewards:group_copy_rate"],
 }
-
-
-def submit(endpoint: str, name: str, workdir: Path, overrides: list[str]) -> None:
-    sets = [arg for override in [f"name={name}", *overrides] for arg in ("--set", override)]
-    erl("submit", str(SPEC), *sets, "--workdir", str(workdir), "--etcd", endpoint)
-
-
-def finished(endpoint: str, name: str, workdir: Path) -> list[dict]:
-    """The job's metric lines once it has succeeded, each with ``minutes`` since its start."""
-    while (phase := job_status(endpoint, name)["status"]["phase"]) not in ("succeeded", "failed"):
-        time.sleep(0.5)
-    assert phase == "succeeded", job_status(endpoint, name)
-    started = orjson.loads((workdir / "events.jsonl").read_text().splitlines()[0])["time"]
-    lines = [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return [{**line, "minutes": (line["time"] - started) / 60} for line in lines]
 
 
 def teacher_answers(workdir: Path) -> int:
@@ -98,7 +81,7 @@ def against_grpo(endpoint: str, root: Path, teacher: list[dict], weights: Path) 
     print("|---" * (len(marks) + 3) + "|")
     for name, overrides in STUDENTS.items():
         workdir = root / name.lower().replace(" ", "-")
-        submit(endpoint, workdir.name, workdir, [override.format(teacher=weights) for override in overrides])
+        submit(endpoint, SPEC, workdir.name, workdir, [override.format(teacher=weights) for override in overrides])
         rewards = [line["rollout/reward_mean"] for line in finished(endpoint, workdir.name, workdir)]
         reached = [next((i + 1 for i, r in enumerate(rewards) if r >= goal), "-") for goal in (target / 2, target)]
         row = " | ".join(f"{rewards[mark]:.3f}" for mark in marks)
@@ -112,7 +95,9 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="erl-distillation-bench-"))
     with running_daemon(root, cpu_devices=4) as endpoint:
-        submit(endpoint, "teacher", root / "teacher", [f"rollout.num_rollouts={TEACHER_ROLLOUTS}", "engines.count=1"])
+        submit(
+            endpoint, SPEC, "teacher", root / "teacher", [f"rollout.num_rollouts={TEACHER_ROLLOUTS}", "engines.count=1"]
+        )
         teacher = finished(endpoint, "teacher", root / "teacher")
         weights = root / "teacher" / "weights" / str(TEACHER_ROLLOUTS)
         if args.against_grpo:
@@ -123,7 +108,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for way, overrides in [*WAYS.items(), ("engines, killed", WAYS["engines"])]:
                 name = f"{way.replace(', ', '-')}-{repeat}"
-                submit(endpoint, name, root / name, [*taught, *overrides])
+                submit(endpoint, SPEC, name, root / name, [*taught, *overrides])
                 if way == "engines, killed":
                     kill_the_teacher(endpoint, name, root / name)
                 runs[way].append(finished(endpoint, name, root / name))

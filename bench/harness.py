@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +30,22 @@ def erl(*args: str) -> str:
 
 def job_status(endpoint: str, job: str = "tiny-grpo") -> dict:
     return chaos_job_status(endpoint, job)
+
+
+def submit(endpoint: str, spec: Path, name: str, workdir: Path, overrides: list[str]) -> None:
+    """`erl submit` ``spec`` as job ``name`` with these ``--set`` overrides."""
+    sets = [arg for override in [f"name={name}", *overrides] for arg in ("--set", override)]
+    erl("submit", str(spec), *sets, "--workdir", str(workdir), "--etcd", endpoint)
+
+
+def finished(endpoint: str, name: str, workdir: Path) -> list[dict]:
+    """The job's metric lines, one per rollout, once it has succeeded, each with ``minutes`` since its start."""
+    while (phase := job_status(endpoint, name)["status"]["phase"]) not in ("succeeded", "failed"):
+        time.sleep(0.5)
+    assert phase == "succeeded", job_status(endpoint, name)
+    started = orjson.loads((workdir / "events.jsonl").read_text().splitlines()[0])["time"]
+    lines = [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [{**line, "minutes": (line["time"] - started) / 60} for line in lines]
 
 
 @contextmanager

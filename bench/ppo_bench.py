@@ -17,14 +17,11 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 from statistics import mean
 
-import orjson
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import REPO, SPEC, erl, job_status, running_daemon  # noqa: E402
+from harness import REPO, SPEC, finished, running_daemon, submit  # noqa: E402
 
 SMOLLM2 = REPO / "examples" / "smollm2-math.yaml"
 ESTIMATORS = ("grpo", "ppo")
@@ -33,14 +30,8 @@ WINDOW = 5
 
 def run_job(endpoint: str, spec: Path, name: str, workdir: Path, overrides: list[str]) -> list[dict]:
     """The job's metric lines, one per rollout, each with ``minutes`` since its start."""
-    sets = [arg for override in [f"name={name}", *overrides] for arg in ("--set", override)]
-    erl("submit", str(spec), *sets, "--workdir", str(workdir), "--etcd", endpoint)
-    while (phase := job_status(endpoint, name)["status"]["phase"]) not in ("succeeded", "failed"):
-        time.sleep(1)
-    assert phase == "succeeded", job_status(endpoint, name)
-    started = orjson.loads((workdir / "events.jsonl").read_text().splitlines()[0])["time"]
-    lines = [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return [{**line, "minutes": (line["time"] - started) / 60} for line in lines]
+    submit(endpoint, spec, name, workdir, overrides)
+    return finished(endpoint, name, workdir)
 
 
 def tiny(endpoint: str, root: Path, seeds: int, rollouts: int) -> None:
