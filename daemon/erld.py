@@ -59,7 +59,6 @@ from daemon.notify import SystemdNotifier, child_environment
 from daemon.plan import node_environment
 from daemon.pool import InterpreterPool
 from daemon.proctable import ProcessTable, ProcState
-from elastic_rl import jobenv
 from elastic_rl.atomic import write_file_atomic
 from elastic_rl.errors import InputError
 from elastic_rl.event_kinds import EventKind
@@ -139,7 +138,7 @@ class Erld:
         self.state_file = state_dir / f"procs-{self.node}.json"
         self.saved_state: bytes | None = None
         self.notifier = SystemdNotifier()
-        self.table = ProcessTable(self.node)
+        self.table = ProcessTable(self.node, endpoint)
         self.agents: dict[str, JobAgent] = {}
         self.records = ClusterRecords()
         self.followed: tuple[str, ...] = ()
@@ -160,12 +159,7 @@ class Erld:
         self.child_exit = asyncio.Event()
         """Set by SIGCHLD: a process erld started has exited."""
         self.metrics = MetricsServer(self, config.advertise_host, config.metrics_port)
-        # The etcd goes into the pool's environment too: a pooled interpreter's /proc environ stays the pool's
-        # after it becomes a job process, and the node's name with the etcd is what tells its node's
-        # processes apart from another cluster's (the chaos harness's node deaths find them so).
-        self.pool = InterpreterPool(
-            self.node, config.pool_sizes, state_dir, {**node_environment(), jobenv.ETCD: endpoint}
-        )
+        self.pool = InterpreterPool(self.node, config.pool_sizes, state_dir, node_environment(), endpoint)
 
     @property
     def devices(self) -> int:

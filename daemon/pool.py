@@ -34,6 +34,7 @@ from pathlib import Path
 
 import psutil
 
+from elastic_rl import jobenv
 from elastic_rl.priority import normal_priority
 from elastic_rl.warm_interpreter import READY
 
@@ -68,11 +69,17 @@ class Idle:
 
 
 class InterpreterPool:
-    def __init__(self, node: str, sizes: dict[str, int], log_dir: Path, environment: dict[str, str]):
+    def __init__(
+        self, node: str, sizes: dict[str, int], log_dir: Path, environment: dict[str, str], etcd_endpoint: str
+    ):
         self.node = node
         self.sizes = {kind: n for kind, n in sizes.items() if n > 0}
         self.log_dir = log_dir
-        self.environment = environment
+        # The etcd goes into every interpreter's environment: its /proc environ stays the pool's after it
+        # becomes a job process, and the node's name with the etcd tells this cluster's interpreters apart
+        # from another cluster's on the same host (``end_leftovers``, and the chaos harness's node deaths).
+        self.etcd_endpoint = etcd_endpoint
+        self.environment = {**environment, jobenv.ETCD: etcd_endpoint}
         """What every interpreter starts with; the assigned process's own replaces it."""
         self.idle: dict[str, deque[Idle]] = {kind: deque() for kind in self.sizes}
 
@@ -135,13 +142,16 @@ class InterpreterPool:
                 entry.process.wait()
 
     def end_leftovers(self, adopted: set[int]) -> int:
-        """End this node's pool interpreters that no process record knows (a dead erld's); return how many."""
+        """End this node's pool interpreters that no process record knows (a dead erld's); return how many.
+        Another cluster's erld on the same host may name its node the same: its interpreters have another
+        etcd in their environment."""
         ended = 0
         for process in psutil.process_iter(["pid"]):
             if process.pid in adopted:
                 continue
             try:
-                mine = process.environ().get(POOL_NODE) == self.node
+                environ = process.environ()
+                mine = environ.get(POOL_NODE) == self.node and environ.get(jobenv.ETCD) == self.etcd_endpoint
             except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
                 continue
             if mine:

@@ -69,8 +69,11 @@ class LocalProc:
 
 
 class ProcessTable:
-    def __init__(self, node: str):
+    def __init__(self, node: str, etcd_endpoint: str):
         self.node = node
+        self.etcd_endpoint = etcd_endpoint
+        """The cluster's etcd: with the node's name, what tells this erld's processes apart from those of
+        another cluster's erld on the same host (its node may have the same name, its job too)."""
         self.procs: dict[tuple[str, str], LocalProc] = {}
         self.children: dict[tuple[str, str], subprocess.Popen] = {}
         self.forgotten: list[subprocess.Popen] = []
@@ -178,7 +181,7 @@ class ProcessTable:
                 pass
 
     def kill_strays(self, proc: LocalProc) -> None:
-        """Kill processes of this job and name that no record knows.
+        """Kill processes of this job and name, started for this node of this cluster, that no record knows.
 
         An erld killed between starting a process and saving its state leaves such an
         orphan behind; it would hold the port its replacement needs.
@@ -195,6 +198,7 @@ class ProcessTable:
                 environ.get(jobenv.JOB) == proc.job
                 and environ.get(jobenv.PROC) == proc.name
                 and environ.get(jobenv.NODE) == self.node
+                and environ.get(jobenv.ETCD) == self.etcd_endpoint
             ):
                 try:
                     os.killpg(process.pid, signal.SIGKILL)

@@ -42,8 +42,8 @@ class FakeProcessTable(ProcessTable):
 
     _pids = itertools.count(4_000_000)  # above any real pid: nothing is ever signalled by mistake
 
-    def __init__(self, node: str):
-        super().__init__(node)
+    def __init__(self, node: str, etcd_endpoint: str):
+        super().__init__(node, etcd_endpoint)
         self.running: set[tuple[str, str]] = set()
 
     def spawn(self, proc: LocalProc, command, env, workdir, pool=None) -> bool:
@@ -74,7 +74,7 @@ class SimulatedErld(Erld):
 
     def __init__(self, store: Store, endpoint: str, config: NodeConfig, state_dir: Path):
         super().__init__(store, endpoint, config, state_dir)
-        self.table = FakeProcessTable(self.node)
+        self.table = FakeProcessTable(self.node, endpoint)
         self.pass_seconds: list[float] = []
         self.leases_lost = 0
         self.dead = False

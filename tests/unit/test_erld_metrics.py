@@ -40,7 +40,7 @@ class FakeErld:
         self.devices = 2
         self.leading = True
         self.pool = FakePool()
-        self.table = ProcessTable(self.node)
+        self.table = ProcessTable(self.node, "http://127.0.0.1:2379")
         self.table.add(LocalProc("job-1", "trainer-0-0", 1, state=ProcState.RUNNING, restarts=[1.0, 2.0]))
         self.table.add(LocalProc("job-1", "engine-0", 1, state=ProcState.RUNNING, serving=True))
 
