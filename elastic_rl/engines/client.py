@@ -20,18 +20,19 @@ import asyncio
 import contextlib
 import subprocess
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 
 from elastic_rl import job_secret
 from elastic_rl.engines import load_metrics
-from elastic_rl.engines.streaming import Received, event_data
 from elastic_rl.errors import EngineError, EngineRejected
 from elastic_rl.retry import with_retries
-from elastic_rl.routing_record import REQUEST_FLAG
 from policies.engine_health import EngineLoad
+
+if TYPE_CHECKING:
+    from elastic_rl.engines.streaming import Received
 
 DEFAULT_TIMEOUT_S = 600.0
 CONNECT_TIMEOUT_S = 10.0
@@ -176,6 +177,11 @@ class EngineClient:
         (EngineError) or is refused (EngineRejected). Returns the answer ``generate`` would have. One
         attempt: a retry would start the request over. A stream silent for ``silence_s`` (default: the
         client's timeout) counts as broken."""
+        # Imported here: the streamed answer's routing record needs torch, which erld (health checks and
+        # loads alone) starts without.
+        from elastic_rl.engines.streaming import event_data
+        from elastic_rl.routing_record import REQUEST_FLAG
+
         body: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": sampling_params,
