@@ -60,8 +60,12 @@ docs: setup
 	$(PY) scripts/reference_docs.py
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# Two test files at a time (pytest-xdist, a file's tests on one worker, so its module fixtures are built
+# once): most of a job test is waiting (on imports, timeouts, a fault's effect), and one at a time leaves
+# a third of two cores idle. TEST_WORKERS=0 runs them one after another.
+TEST_WORKERS ?= 2
 test: setup models lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Every test marked chaos: the scenario library (chaos/scenarios/*.yaml), each against its fault-free run
 # with every invariant checked and a report written, the long replica runs (a replica of the SmolLM2 job and
