@@ -130,7 +130,9 @@ def test_an_orchestrator_killed_mid_generation_is_continued_by_its_successor(ref
     assert lines[2]["rollout/resumed_tokens"] > 0
     assert not any(line["rollout/resumed_tokens"] for line in metrics(clean))
     # What the engines generated again: what arrived after the last persist, and what they made before
-    # they saw the dead orchestrator's requests go; at most about one persist interval's worth.
+    # they saw the dead orchestrator's requests go; at most about one persist interval's worth at the
+    # engines' speed around the kill. Rollout 2's own rate counts the time its successor took to take over,
+    # and a test running beside this one can halve either rollout's: the faster of rollouts 1 and 2.
     regenerated = token_ledger.total(faulty) - token_ledger.total(clean)
-    rate = lines[2]["perf/generated_tokens_per_sec"]
+    rate = max(line["perf/generated_tokens_per_sec"] for line in lines[1:3])
     assert 0 <= regenerated <= rate * PERSIST_INTERVAL_S * 2, (regenerated, rate)
