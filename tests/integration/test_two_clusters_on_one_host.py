@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -24,7 +23,8 @@ OURS, THEIRS = "http://127.0.0.1:23001", "http://127.0.0.1:23002"
 
 @pytest.fixture
 def sleeper() -> Iterator:
-    """Starts a process that sleeps with the given environment, in its own session as erld starts them."""
+    """Starts a process that sleeps with the given environment, in its own session as erld starts them
+    (Popen returns once the child has exec'd, so /proc already shows that environment)."""
     started: list[subprocess.Popen] = []
 
     def start(environment: dict[str, str]) -> subprocess.Popen:
@@ -54,7 +54,6 @@ def test_an_orphan_of_this_cluster_is_killed_and_the_other_clusters_process_of_t
     job = {jobenv.JOB: "tiny-grpo", jobenv.PROC: "lighthouse", jobenv.NODE: NODE}
     ours = sleeper({**job, jobenv.ETCD: OURS})
     theirs = sleeper({**job, jobenv.ETCD: THEIRS})
-    time.sleep(0.5)  # both have exec'd: /proc shows their environment
     ProcessTable(NODE, OURS).kill_strays(LocalProc(job="tiny-grpo", name="lighthouse", generation=1))
     assert ended(ours)
     assert theirs.poll() is None
@@ -63,7 +62,6 @@ def test_an_orphan_of_this_cluster_is_killed_and_the_other_clusters_process_of_t
 def test_a_dead_erlds_pool_interpreters_end_and_the_other_clusters_live(sleeper, tmp_path):
     ours = sleeper({POOL_NODE: NODE, jobenv.ETCD: OURS})
     theirs = sleeper({POOL_NODE: NODE, jobenv.ETCD: THEIRS})
-    time.sleep(0.5)
     assert InterpreterPool(NODE, {}, tmp_path, {}, OURS).end_leftovers(adopted=set()) == 1
     assert ended(ours)
     assert theirs.poll() is None
