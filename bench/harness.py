@@ -43,6 +43,28 @@ def finished(endpoint: str, name: str, workdir: Path) -> list[dict]:
     while (phase := job_status(endpoint, name)["status"]["phase"]) not in ("succeeded", "failed"):
         time.sleep(0.5)
     assert phase == "succeeded", job_status(endpoint, name)
+    return metric_lines(workdir)
+
+
+def stopped_after(
+    endpoint: str, spec: Path, name: str, workdir: Path, overrides: list[str], minutes: float
+) -> list[dict]:
+    """Run job ``name`` for ``minutes`` of wall time, then `erl stop` it: its metric lines, one per
+    finished rollout, each with ``minutes`` since its start."""
+    submit(endpoint, spec, name, workdir, ["rollout.num_rollouts=10000", *overrides])
+    deadline = time.monotonic() + minutes * 60
+    while time.monotonic() < deadline:
+        phase = job_status(endpoint, name)["status"]["phase"]
+        assert phase in ("pending", "running"), job_status(endpoint, name)
+        time.sleep(5)
+    erl("stop", name, "--etcd", endpoint)
+    while job_status(endpoint, name)["status"]["phase"] != "stopped":
+        time.sleep(1)
+    return metric_lines(workdir)
+
+
+def metric_lines(workdir: Path) -> list[dict]:
+    """The job's metric lines, one per rollout, each with ``minutes`` since the job's start."""
     started = orjson.loads((workdir / "events.jsonl").read_text().splitlines()[0])["time"]
     lines = [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     return [{**line, "minutes": (line["time"] - started) / 60} for line in lines]

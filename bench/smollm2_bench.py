@@ -17,53 +17,27 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 from statistics import mean
 
-import orjson
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import REPO, erl, job_status, running_daemon  # noqa: E402
+from harness import REPO, running_daemon, stopped_after  # noqa: E402
 
 SPEC = REPO / "examples" / "smollm2-math.yaml"
 JOB = "smollm2-math"
 WINDOW = 5  # rollouts averaged at each end of the curve
 
 
-def run(root: Path, minutes: float, overrides: list[str]) -> Path:
-    workdir = root / "job"
-    sets = [arg for override in overrides for arg in ("--set", override)]
+def run(root: Path, minutes: float, overrides: list[str]) -> list[dict]:
     with running_daemon(root, cpu_devices=4) as endpoint:
-        erl(
-            "submit",
-            str(SPEC),
-            "--set",
-            "rollout.num_rollouts=10000",
-            *sets,
-            "--workdir",
-            str(workdir),
-            "--etcd",
-            endpoint,
-        )
-        deadline = time.monotonic() + minutes * 60
-        while time.monotonic() < deadline:
-            phase = job_status(endpoint, JOB)["status"]["phase"]
-            assert phase in ("pending", "running"), job_status(endpoint, JOB)
-            time.sleep(5)
-        erl("stop", JOB, "--etcd", endpoint)
-        while job_status(endpoint, JOB)["status"]["phase"] != "stopped":
-            time.sleep(1)
-    return workdir
+        return stopped_after(endpoint, SPEC, JOB, root / "job", overrides, minutes)
 
 
-def report(workdir: Path) -> None:
-    lines = [orjson.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    started = orjson.loads((workdir / "events.jsonl").read_text().splitlines()[0])["time"]
+def report(lines: list[dict]) -> None:
     print("rollout  minutes  reward  response_len")
     for line in lines:
         print(
-            f"{line['rollout']:7d}  {(line['time'] - started) / 60:7.1f}  {line['rollout/reward_mean']:6.3f}  "
+            f"{line['rollout']:7d}  {line['minutes']:7.1f}  {line['rollout/reward_mean']:6.3f}  "
             f"{line['rollout/response_length_mean']:12.1f}"
         )
     rewards = [line["rollout/reward_mean"] for line in lines]
