@@ -60,12 +60,17 @@ def returns_to_go(rewards: torch.Tensor, token_rewards: torch.Tensor, mask: torc
     return (rewards.float().unsqueeze(1) + future) * mask
 
 
+WHITEN_EPSILON = 1e-8
+"""Added to the variance before its inverse square root, as slime's masked whitening does."""
+
+
 def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``values`` shifted and scaled to mean 0 and standard deviation 1 over the masked tokens."""
-    count = mask.sum().clamp(min=1)
-    mean = (values * mask).sum() / count
-    variance = (((values - mean) * mask) ** 2).sum() / count
-    return (values - mean) / (variance.sqrt() + EPSILON) * mask
+    """``values`` shifted to mean 0 over the masked tokens and divided by their sample standard deviation
+    (Bessel-corrected, as slime whitens REINFORCE++'s and PPO's advantages); 0 at unmasked tokens."""
+    count = mask.sum()
+    mean = (values * mask).sum() / count.clamp(min=1)
+    variance = (((values - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(variance + WHITEN_EPSILON) * mask
 
 
 def token_advantages(

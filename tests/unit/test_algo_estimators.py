@@ -27,8 +27,8 @@ MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
 
 def test_reinforce_plus_plus_whitens_the_returns_over_the_batch():
     advantages = token_advantages(AdvantageEstimator.REINFORCE_PLUS_PLUS, torch.tensor([1.0, 0.0]), MASK, group_size=2)
-    # Returns 1, 1 (sequence 0) and 0 (sequence 1): mean 2/3, variance ((1/3)² + (1/3)² + (2/3)²) / 3 = 2/9.
-    std = math.sqrt(2 / 9)
+    # Returns 1, 1 (sequence 0) and 0 (sequence 1): mean 2/3, sample variance ((1/3)² + (1/3)² + (2/3)²) / 2 = 1/3.
+    std = math.sqrt(1 / 3)
     expected = torch.tensor([[(1 / 3) / std, (1 / 3) / std, 0.0], [(-2 / 3) / std, 0.0, 0.0]])
     assert torch.allclose(advantages, expected, atol=1e-5)
 
@@ -49,8 +49,8 @@ def test_reinforce_plus_plus_baseline_subtracts_the_group_mean_before_whitening(
     advantages = token_advantages(
         AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE, torch.tensor([1.0, 0.0, 0.5, 0.5]), mask, group_size=2
     )
-    # Centred: 0.5, -0.5, 0, 0; mean 0, variance 0.125.
-    std = math.sqrt(0.125)
+    # Centred: 0.5, -0.5, 0, 0; mean 0, sample variance 0.5 / 3.
+    std = math.sqrt(0.5 / 3)
     assert torch.allclose(advantages.squeeze(1), torch.tensor([0.5 / std, -0.5 / std, 0.0, 0.0]), atol=1e-5)
 
 
