@@ -59,7 +59,7 @@ class StaticGroup(FakeSoloQuorum):
 def build(spec):
     model = build_gpt(spec.model.toy_architecture(64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.trainer.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 10_000))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec.trainer, 10_000))
     return model, optimizer, scheduler
 
 

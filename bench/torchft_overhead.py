@@ -60,7 +60,7 @@ def synthetic_batch(samples: int, seed: int) -> RolloutBatch:
 def trainer_for(spec, manager) -> GrpoTrainer:
     model = build_gpt(spec.model.toy_architecture(64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.trainer.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 10_000))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec.trainer, 10_000))
     return GrpoTrainer(spec, model, optimizer, scheduler, manager, replica=0)
 
 

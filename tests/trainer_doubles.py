@@ -56,7 +56,7 @@ def solo_replica(
     """``model``'s trainer under ``FakeSoloQuorum`` and the state a snapshot takes, built as a job's replica
     builds them: the spec's optimizer and its learning-rate schedule (over 100 steps)."""
     optimizer = build_optimizer(model, spec.trainer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(scheduled(optimizer), lr_lambda(spec, 100))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(scheduled(optimizer), lr_lambda(spec.trainer, 100))
     trainer = GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), replica=0, reference=reference)
     return trainer, TrainingState(model, local_optimizer(optimizer), scheduler, main_weights(optimizer))
 

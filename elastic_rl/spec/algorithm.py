@@ -12,6 +12,7 @@ from pydantic import Field, PositiveFloat, ValidationInfo, field_validator, mode
 
 from elastic_rl.spec.base import Component, existing_checkpoint
 from elastic_rl.spec.engines import TeacherEnginesSpec
+from elastic_rl.spec.trainer import TrainerSpec
 
 
 class AlgorithmKind(str, Enum):
@@ -70,7 +71,11 @@ class CriticSpec(Component):
     """An HF checkpoint of the policy's architecture to start the critic's body from; unset, the policy's
     initial weights. Its value head (hidden size to one scalar) always starts at zero."""
     lr: PositiveFloat | None = None
-    """The critic's learning rate, on the policy's schedule (warmup and decay); unset, trainer.lr."""
+    """The critic's peak learning rate (slime's --critic-lr); unset, trainer.lr. Its schedule has the
+    policy's shape: a linear warmup, then trainer.lr_decay down to trainer.min_lr."""
+    lr_warmup_steps: int | None = Field(None, ge=0)
+    """Optimizer steps of the critic's linear warmup (slime's --critic-lr-warmup-iters); unset,
+    trainer.warmup_steps."""
     value_clip: PositiveFloat = 0.2
     """A value may move at most this far from the rollout's old value before its loss stops pulling it
     (the larger of the clipped and unclipped squared errors is taken; slime's --value-clip)."""
@@ -78,6 +83,15 @@ class CriticSpec(Component):
     """Rollouts in which only the critic learns and the policy holds still (slime's --num-critic-only-steps)."""
 
     _checkpoint_exists = field_validator("hf_checkpoint")(existing_checkpoint)
+
+    def as_trainer(self, policy: TrainerSpec) -> TrainerSpec:
+        """The policy's optimizer and schedule settings with the critic's learning rate and warmup."""
+        update: dict[str, float | int] = {}
+        if self.lr is not None:
+            update["lr"] = self.lr
+        if self.lr_warmup_steps is not None:
+            update["warmup_steps"] = self.lr_warmup_steps
+        return policy.model_copy(update=update)
 
 
 class AlgorithmSpec(Component):

@@ -205,6 +205,11 @@ class JobSpec(Component):
             raise ValueError(
                 "algorithm.critic is built for dense models: use another advantage_estimator for a mixture of experts"
             )
+        if critic.lr is not None and trainer.lr_decay != "constant" and critic.lr < trainer.min_lr:
+            raise ValueError(
+                f"algorithm.critic.lr {critic.lr:g} is below trainer.min_lr {trainer.min_lr:g}, where the critic's "
+                "schedule decays to: raise it, or lower trainer.min_lr"
+            )
         if critic.hf_checkpoint is None:
             return self
         if self.model.hf_checkpoint is None:

@@ -45,10 +45,10 @@ class Critic:
     def __init__(self, spec: JobSpec, model: torch.nn.Module, total_steps: int):
         self.settings = spec.algorithm.critic
         self.model = model
-        trainer = spec.trainer.model_copy(update={"lr": self.settings.lr or spec.trainer.lr})
+        trainer = self.settings.as_trainer(spec.trainer)
         self.optimizer = build_optimizer(model, trainer)
         self.local_optimizer = local_optimizer(self.optimizer)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(spec, total_steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer, total_steps))
         self.parameters = [param for param in model.parameters() if param.requires_grad]
         self.summed_over_tensor_ranks = summed_over_tensor_ranks(
             model, parallel_state.get_tensor_model_parallel_world_size()

@@ -1,4 +1,5 @@
-"""The learning-rate schedule: the multiplier of ``trainer.lr`` at each optimizer step.
+"""The learning-rate schedule: the multiplier of the peak learning rate at each optimizer step, the
+policy's (``trainer``) or PPO's critic's (``trainer`` with the critic's lr and warmup).
 
 Given to ``LambdaLR``; snapshots and heals carry the scheduler's position, so a
 resumed or healed replica continues the same schedule.
@@ -9,12 +10,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from elastic_rl.spec.job import JobSpec
+from elastic_rl.spec.trainer import TrainerSpec
 
 
-def lr_lambda(spec: JobSpec, total_steps: int) -> Callable[[int], float]:
-    """The learning-rate multiplier at each optimizer step: warmup, then the spec's decay."""
-    trainer = spec.trainer
+def lr_lambda(trainer: TrainerSpec, total_steps: int) -> Callable[[int], float]:
+    """The multiplier of ``trainer.lr`` at each optimizer step: warmup, then the decay to ``trainer.min_lr``."""
     floor = trainer.min_lr / trainer.lr
 
     def multiplier(step: int) -> float:

@@ -165,7 +165,9 @@ class TrainerReplica:
         # This rank's part of the optimizer's state (all of it, unless sharded): what snapshots, heals and
         # offloads take.
         self.local_optimizer = local_optimizer(self.optimizer)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(scheduled(self.optimizer), lr_lambda(spec, self.total_steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            scheduled(self.optimizer), lr_lambda(spec.trainer, self.total_steps)
+        )
         self.state = TrainingState(
             self.model,
             self.local_optimizer,

@@ -1,11 +1,14 @@
 """PPO's critic in the trainer's step, started by test_ppo_critic.py.
 
-    python -m tests.integration.ppo_worker OUT_FILE   (RANK, WORLD_SIZE, MASTER_* set)
+    python -m tests.integration.ppo_worker OUT_FILE POLICY_CHECKPOINT CRITIC_CHECKPOINT
+    (RANK, WORLD_SIZE, MASTER_* set)
 
 Builds the tiny policy and its critic at TP=1 and trains them with PPO under a quorum of one replica
 (``tests.trainer_doubles.FakeSoloQuorum``) on the same rollout ten times over, its rewards a fixed
 function of the sample: records the value loss and explained variance of each, the trained critic's
 values from packed and from padded micro-batches, and what a NaN in the critic's head did to the step.
+Then builds a policy from POLICY_CHECKPOINT with its critic from CRITIC_CHECKPOINT
+(``algorithm.critic.hf_checkpoint``) and records what the critic started from.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import torch
 
 from elastic_rl.model.gpt import destroy_model_parallel, init_model_parallel
 from elastic_rl.model.source import ModelSource
-from elastic_rl.spec.loading import load_spec
+from elastic_rl.spec.loading import load_spec, validate_spec
+from elastic_rl.spec.model import ModelSpec
 from elastic_rl.trainer.critic import Critic
 from elastic_rl.trainer.grpo import GrpoTrainer, NonFiniteStep
 from elastic_rl.trainer.lr_schedule import lr_lambda
@@ -45,8 +49,35 @@ def ppo_trainer(overrides: list[str]) -> tuple[GrpoTrainer, ModelSource]:
         model = source.build_policy()
         critic = Critic(spec, source.build_critic(model, None), total_steps=100)
     optimizer = build_optimizer(model, spec.trainer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, 100))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec.trainer, 100))
     return GrpoTrainer(spec, model, optimizer, scheduler, FakeSoloQuorum(), 0, critic=critic), source
+
+
+def critic_from_a_checkpoint(policy_checkpoint: Path, critic_checkpoint: Path) -> dict[str, bool]:
+    """A critic started from another checkpoint than its policy's: its body is that checkpoint's, its
+    head zero."""
+    spec = validate_spec(
+        {
+            "name": "critic-from-a-checkpoint",
+            "model": {"hf_checkpoint": str(policy_checkpoint)},
+            "algorithm": {"advantage_estimator": "ppo", "critic": {"hf_checkpoint": str(critic_checkpoint)}},
+        }
+    )
+    source = ModelSource.from_spec(spec.model)
+    policy = source.build_policy()
+    critic = source.build_critic(policy, spec.algorithm.critic.hf_checkpoint).state_dict()
+    started = policy.state_dict()
+    imported = ModelSource.from_spec(ModelSpec(hf_checkpoint=critic_checkpoint)).build_policy().state_dict()
+    # Tensors only: megatron's state dicts also hold its layers' extra state (None here).
+    body = {
+        name: value for name, value in critic.items() if torch.is_tensor(value) and not name.startswith("value_head.")
+    }
+    return {
+        "body_is_its_checkpoint": body.keys() == {name for name, value in imported.items() if torch.is_tensor(value)}
+        and all(torch.equal(tensor, imported[name]) for name, tensor in body.items()),
+        "body_is_not_the_policy": any(not torch.equal(tensor, started[name]) for name, tensor in body.items()),
+        "head_is_zero": all(critic[f"value_head.{name}"].abs().sum() == 0 for name in ("weight", "bias")),
+    }
 
 
 def main() -> None:
@@ -86,6 +117,7 @@ def main() -> None:
         results["nan_step"] = str(refused)
     after = [*trainer.model.parameters(), head.weight]
     results["nan_step_left_weights"] = all(torch.equal(a, b) for a, b in zip(before, after))
+    results["from_a_checkpoint"] = critic_from_a_checkpoint(Path(sys.argv[2]), Path(sys.argv[3]))
     out.write_bytes(orjson.dumps(results))
     destroy_model_parallel()
 

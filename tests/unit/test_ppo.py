@@ -1,5 +1,6 @@
-"""PPO's pieces against values worked out by hand: GAE over a critic's values, the clipped value loss, the
-explained variance, and the spec's rules for the critic."""
+"""PPO's pieces against values worked out by hand: GAE over a critic's values, the whitening of its
+advantages, the clipped value loss, the explained variance, the critic's schedule, and the spec's rules
+for the critic."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from elastic_rl.algo.advantages import explained_variance, gae, whiten
 from elastic_rl.algo.losses import clipped_value_loss
 from elastic_rl.errors import SpecError
 from elastic_rl.spec.loading import validate_spec
+from elastic_rl.trainer.lr_schedule import lr_lambda
+from tests.unit.test_config import hf_checkpoint
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -41,6 +44,15 @@ def test_gae_pays_a_kl_penalty_at_each_token():
     result = gae(torch.tensor([1.0]), torch.zeros(1, 2), mask, gamma=1.0, lam=1.0, token_kl=kl, kl_coef=0.1)
     # Token 1: 1 - 0.1; token 0: -0.05 + 0.9.
     assert torch.allclose(result.returns, torch.tensor([[0.85, 0.9]]), atol=1e-6)
+
+
+def test_whitening_divides_by_the_sample_standard_deviation_of_the_masked_tokens():
+    values = torch.tensor([[1.0, 2.0, 50.0], [3.0, -7.0, -7.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    # 1, 2, 3: mean 2, sample variance (1 + 0 + 1) / 2 = 1 (slime's Bessel-corrected whitening).
+    expected = torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    assert torch.allclose(whiten(values, mask), expected, atol=1e-6)
+    assert whiten(torch.tensor([[4.0, 4.0]]), torch.ones(1, 2)).abs().sum() == 0  # no spread: no signal
 
 
 def test_the_value_loss_takes_the_larger_of_the_clipped_and_free_errors():
@@ -80,3 +92,40 @@ def test_ppo_has_a_critic_and_only_ppo_has_one():
 def test_a_critic_is_refused_where_it_is_not_built(trainer, named):
     with pytest.raises(SpecError, match=named):
         validate_spec({"name": "j", "algorithm": PPO, "trainer": trainer})
+
+
+def test_the_critic_has_its_own_peak_and_warmup_on_the_policys_decay():
+    trainer = {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 2, "lr_decay": "linear"}
+    critic = {"lr": 5e-4, "lr_warmup_steps": 4}
+    spec = validate_spec({"name": "j", "trainer": trainer, "algorithm": {**PPO, "critic": critic}})
+    settings = spec.algorithm.critic.as_trainer(spec.trainer)
+    assert (settings.lr, settings.warmup_steps, settings.min_lr) == (5e-4, 4, 1e-4)
+    policy, value = lr_lambda(spec.trainer, 20), lr_lambda(settings, 20)
+    assert [policy(0), value(0), value(3)] == [0.5, 0.25, 1.0]
+    assert value(20) * settings.lr == pytest.approx(1e-4)  # both decay to trainer.min_lr
+    unset = validate_spec({"name": "j", "trainer": trainer, "algorithm": PPO}).algorithm.critic.as_trainer(spec.trainer)
+    assert unset == spec.trainer
+    with pytest.raises(SpecError, match="algorithm.critic.lr 5e-05 is below trainer.min_lr 0.0001"):
+        validate_spec({"name": "j", "trainer": trainer, "algorithm": {**PPO, "critic": {"lr": 5e-5}}})
+
+
+def test_a_critic_is_refused_for_expert_parallelism_and_a_mixture_of_experts(tmp_path):
+    moe = {"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2}
+    mixture = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "moe", **moe))}
+    layout = {"data_parallel": 2, "expert_parallel": 2, "shard_optimizer": False}
+    with pytest.raises(SpecError, match="trainer.expert_parallel 1"):
+        validate_spec({"name": "j", "model": mixture, "trainer": layout, "algorithm": PPO})
+    with pytest.raises(SpecError, match="algorithm.critic is built for dense models"):
+        validate_spec({"name": "j", "model": mixture, "algorithm": PPO})
+
+
+def test_a_critic_checkpoint_must_have_the_policys_architecture(tmp_path):
+    policy = {"hf_checkpoint": str(hf_checkpoint(tmp_path / "policy"))}
+    same = str(hf_checkpoint(tmp_path / "same"))
+    spec = validate_spec({"name": "j", "model": policy, "algorithm": {**PPO, "critic": {"hf_checkpoint": same}}})
+    assert str(spec.algorithm.critic.hf_checkpoint) == same
+    wider = str(hf_checkpoint(tmp_path / "wider", hidden_size=128))
+    with pytest.raises(SpecError, match="its architecture differs from model.hf_checkpoint's"):
+        validate_spec({"name": "j", "model": policy, "algorithm": {**PPO, "critic": {"hf_checkpoint": wider}}})
+    with pytest.raises(SpecError, match="a critic checkpoint needs a policy from model.hf_checkpoint"):
+        validate_spec({"name": "j", "algorithm": {**PPO, "critic": {"hf_checkpoint": same}}})
