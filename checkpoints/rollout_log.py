@@ -102,6 +102,17 @@ def read_rollout(workdir: Path, rollout_id: int) -> tuple[RolloutBatch, dict[str
     return RolloutBatch(**load_file(str(folder / BATCH_FILE))), meta
 
 
+def committed_teacher_logprobs(batch: RolloutBatch, rollout_id: int) -> torch.Tensor:
+    """The teacher engines' log probs committed with rollout ``rollout_id``; RolloutLogError if it was
+    committed without them (format 3 or earlier, or by a job without teacher engines)."""
+    if batch.teacher_logprobs is None:
+        raise RolloutLogError(
+            f"rollout {rollout_id} was committed without the teacher engines' log probs (by a version of "
+            "elastic-rl without them, or a job without algorithm.distillation.engines): resume the job as it ran"
+        )
+    return batch.teacher_logprobs
+
+
 def read_meta(folder: Path) -> dict[str, Any]:
     """A committed rollout's meta; RolloutLogError if the rollout is of another format."""
     path = folder / META_FILE

@@ -30,12 +30,11 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
-from checkpoints.rollout_log import RolloutBatch
+from checkpoints.rollout_log import RolloutBatch, committed_teacher_logprobs
 from elastic_rl.algo.advantages import distilled, explained_variance, gae, token_advantages
 from elastic_rl.algo.kl import KL_ESTIMATORS
 from elastic_rl.algo.losses import aggregate, loss_tokens, ppo_kl, reduce_global
 from elastic_rl.algo.objective import token_losses
-from elastic_rl.errors import RolloutLogError
 from elastic_rl.layer_names import is_split_over_experts, summed_over_tensor_ranks
 from elastic_rl.model.expert_load import ExpertLoad
 from elastic_rl.model.pipeline import (
@@ -382,12 +381,7 @@ class GrpoTrainer:
         scored them before the rollout was committed."""
         if self.teacher is not None:
             return self._log_probs(self.teacher, batch)
-        if batch.teacher_logprobs is None:
-            raise RolloutLogError(
-                f"rollout {rollout_id} was committed without the teacher engines' log probs (by a version of "
-                "elastic-rl without them, or a job without algorithm.distillation.engines): resume the job as it ran"
-            )
-        return batch.teacher_logprobs
+        return committed_teacher_logprobs(batch, rollout_id)
 
     def _critic_only(self, ctx: RolloutContext) -> bool:
         """In the critic's warmup rollouts the policy holds still."""

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import orjson
 import pytest
 import torch
 
-from checkpoints.rollout_log import read_rollout, write_rollout
+from checkpoints.layout import META_FILE, rollout_dir
+from checkpoints.rollout_log import committed_teacher_logprobs, read_rollout, write_rollout
 from daemon.plan import TEACHER_VERSION, Role, command, group_procs, job_groups, proc_spec
 from elastic_rl.algo.advantages import distilled
-from elastic_rl.errors import SpecError
+from elastic_rl.errors import RolloutLogError, SpecError
+from elastic_rl.memory_plan import plan
 from elastic_rl.model.convert.hf_export import ToyFiles
 from elastic_rl.model.teacher import check_teacher
 from elastic_rl.model.tokenizer import load_tokenizer, padded_vocab_size
@@ -132,3 +135,30 @@ def test_the_teachers_log_probs_are_committed_with_the_rollout_and_its_buffer(tm
         del sample["teacher_logprobs"]
     assert all(sample.teacher_logprobs is None for sample in Group.from_json(old).samples)
     assert to_batch([group], pad_id=0).teacher_logprobs is None
+
+
+def test_a_rollout_committed_before_teacher_engines_reads_but_is_not_trained_with_them(tmp_path):
+    """A format-3 rollout (an earlier version's) replays as it ran; a job resumed with teacher engines
+    newly turned on meets it without their log probs and gives up naming it (the trainer's exit 77)."""
+    prompt = Prompt(0, 0, "p", "l")
+    sample = Sample([7, 8], [-0.5, -0.25], [Segment(0, 2)], SampleStatus.COMPLETED, reward=1.0)
+    write_rollout(tmp_path, 5, to_batch([Group(prompt, [3, 4, 5], [sample])], pad_id=0), {})
+    meta_path = rollout_dir(tmp_path, 5) / META_FILE
+    meta_path.write_bytes(orjson.dumps({**orjson.loads(meta_path.read_bytes()), "format": 3}))
+    batch, meta = read_rollout(tmp_path, 5)
+    assert meta["format"] == 3 and batch.teacher_logprobs is None
+    with pytest.raises(RolloutLogError, match="rollout 5 was committed without the teacher engines' log probs"):
+        committed_teacher_logprobs(batch, 5)
+
+
+def test_a_teacher_the_trainer_holds_is_counted_in_its_memory_and_one_served_is_not(tmp_path):
+    teacher = toy_teacher(tmp_path / "teacher")
+    alone = plan(load_spec(SPEC)).memory
+    held = plan(load_spec(SPEC, [f"algorithm.distillation.teacher={teacher}"])).memory
+    both = plan(load_spec(SPEC, [f"algorithm.distillation.teacher={teacher}", "algorithm.kl_coef=0.1"])).memory
+    served = plan(
+        load_spec(SPEC, [f"algorithm.distillation.teacher={teacher}", "algorithm.distillation.engines.count=1"])
+    ).memory
+    assert alone.frozen_bytes == served.frozen_bytes == 0
+    assert held.frozen_bytes == 4 * held.parameters  # one frozen fp32 copy of the policy's parameters
+    assert both.frozen_bytes == 2 * held.frozen_bytes  # the KL reference beside it
