@@ -72,6 +72,14 @@ class FaultKind(Enum):
     many as the first node's)."""
 
 
+class NanModel(Enum):
+    """Whose loss a `nan` fault makes non-finite (the trainer's ``nan_injection.PoisonedModel``, by value)."""
+
+    POLICY = "policy"
+    CRITIC = "critic"
+    """A PPO job's critic: its value loss."""
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -118,6 +126,8 @@ class Fault(Scenario):
     """nan: the optimizer steps (counted from 0 over the run) that produce NaN."""
     attempts: int = Field(0, ge=0)
     """nan: how many tries of each step produce NaN; 0: every try (a persistent fault)."""
+    model: NanModel = NanModel.POLICY
+    """nan: whose loss is non-finite: the policy's, or (a PPO job's) the critic's value loss."""
 
     @model_validator(mode="after")
     def _when(self) -> Fault:
@@ -187,7 +197,7 @@ class ChaosScenario(Scenario):
         nan = next((f for f in self.faults if f.kind is FaultKind.NAN), None)
         if nan is None:
             return None
-        return {"steps": nan.steps, "replica": nan.target, "attempts": nan.attempts}
+        return {"steps": nan.steps, "replica": nan.target, "attempts": nan.attempts, "model": nan.model.value}
 
 
 def load_scenario(path: Path) -> ChaosScenario:

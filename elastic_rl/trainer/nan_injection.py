@@ -1,13 +1,15 @@
 """NaN fault injection, for the chaos harness: a chosen replica's loss becomes NaN at chosen steps.
 
-    ERL_INJECT_NAN='{"steps": [5], "replica": 1, "attempts": 0}'
+    ERL_INJECT_NAN='{"steps": [5], "replica": 1, "attempts": 0, "model": "policy"}'
 
 set in the environment of the erlds that start the trainers (the chaos `nan`
 fault does so). ``replica`` null poisons every replica (bad data);
-``attempts`` 0 poisons every try of a step (a persistent fault), n the first n.
+``attempts`` 0 poisons every try of a step (a persistent fault), n the first n;
+``model`` ``critic`` poisons PPO's value loss instead of the policy's loss.
 Without the variable nothing is installed: the trainer's step has no branch
 for it. With it, each shard computation of a chosen step is armed, and a
-forward hook on the model turns its logits to NaN while armed.
+forward hook on the model (the policy, or the critic) turns its output to NaN
+while armed.
 """
 
 from __future__ import annotations
@@ -15,10 +17,17 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass
+from enum import Enum
 
 import orjson
 
 ENV_VAR = "ERL_INJECT_NAN"
+
+
+class PoisonedModel(str, Enum):
+    POLICY = "policy"
+    CRITIC = "critic"
+    """PPO's critic (``algorithm.critic``): its value loss."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,7 @@ class NanFault:
     steps: frozenset[int]
     replica: int | None
     attempts: int
+    model: PoisonedModel = PoisonedModel.POLICY
 
     @classmethod
     def from_environ(cls) -> NanFault | None:
@@ -33,7 +43,12 @@ class NanFault:
         if not raw:
             return None
         given = orjson.loads(raw)
-        return cls(frozenset(given["steps"]), given.get("replica"), int(given.get("attempts", 0)))
+        return cls(
+            frozenset(given["steps"]),
+            given.get("replica"),
+            int(given.get("attempts", 0)),
+            PoisonedModel(given.get("model", PoisonedModel.POLICY.value)),
+        )
 
 
 class NanInjector:
@@ -60,9 +75,8 @@ class NanInjector:
                 self.armed = False
 
         trainer._shard_loss = shard_loss
-        trainer.model.register_forward_hook(
-            lambda module, inputs, output: output * float("nan") if self.armed else None
-        )
+        poisoned = trainer.critic.model if self.fault.model is PoisonedModel.CRITIC else trainer.model
+        poisoned.register_forward_hook(lambda module, inputs, output: output * float("nan") if self.armed else None)
 
 
 def install_from_environment(trainer, replica: int) -> None:

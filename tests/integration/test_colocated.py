@@ -23,7 +23,11 @@ ROLLOUTS = 4
 @pytest.mark.timeout(240)
 def test_a_colocated_job_trains_the_same_weights_as_a_disaggregated_one(daemon, tmp_path):
     apart, shared = tmp_path / "apart", tmp_path / "shared"
-    short = ["--set", f"rollout.num_rollouts={ROLLOUTS}", "--set", "checkpoints.keep_last=1000"]
+    # PPO: the critic's state takes the turns beside the policy's (on a CPU slot only the protocol runs).
+    short = [
+        *("--set", f"rollout.num_rollouts={ROLLOUTS}", "--set", "checkpoints.keep_last=1000"),
+        *("--set", "algorithm.advantage_estimator=ppo"),
+    ]
     run_job(daemon, apart, ["--set", "engines.count=1", *short])
 
     seen = {}

@@ -1,6 +1,6 @@
 """The NaN/Inf guard with real trainer replicas under erld, through the chaos harness's `nan` fault:
-a transient fault, bad data, a bad device. Each scenario's invariants hold; the guard's decisions
-are its events."""
+a transient fault, bad data, a bad device (in the policy's loss, and in PPO's value loss). Each
+scenario's invariants hold; the guard's decisions are its events."""
 
 from __future__ import annotations
 
@@ -59,7 +59,16 @@ def test_nan_in_the_data_quarantines_the_batch_and_rolls_back(tmp_path, cache):
 
 
 def test_nan_on_one_replica_quarantines_its_device(tmp_path, cache):
-    _, kinds, events = run("nan-replica", tmp_path, cache)
+    check_the_device_quarantined(*run("nan-replica", tmp_path, cache)[1:])
+
+
+@pytest.mark.chaos  # `make chaos`: make test keeps the policy's case (above)
+def test_nan_in_one_replicas_value_loss_quarantines_its_device(tmp_path, cache):
+    """PPO: the guard covers the critic's value loss as it covers the policy's loss."""
+    check_the_device_quarantined(*run("nan-critic", tmp_path, cache)[1:])
+
+
+def check_the_device_quarantined(kinds: Counter, events: list[dict]) -> None:
     quarantined = [e for e in events if e["kind"] == "device_quarantined"]
     assert [e["proc"] for e in quarantined] == ["trainer-1-0"]
     assert quarantined[0]["step"] == NAN_STEP and quarantined[0]["device"] is not None

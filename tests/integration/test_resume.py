@@ -1,6 +1,7 @@
 """Checkpoint-first: SIGKILL job processes mid-run; the run ends exactly as a fault-free one, the
-rollout buffer's groups (dynamic sampling's leftovers) included. The router dies mid-generation, and
-the rollout goes on straight to the engines. Restarts come from erld's pre-imported interpreters."""
+rollout buffer's groups (dynamic sampling's leftovers) and PPO's critic included. The router dies
+mid-generation, and the rollout goes on straight to the engines. Restarts come from erld's pre-imported
+interpreters."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from chaos.faults import inject
 from chaos.invariants import check_run
 from chaos.runner import generating
 from chaos.scenario import Fault, FaultKind
 from chaos.topology import Topology
+from checkpoints import layout
+from checkpoints.discovery import valid_steps
 from tests.integration.erld_support import STOP_AND_RESUME, job_events, metrics, run_job, running_daemon, status
 
 pytestmark = [pytest.mark.integration]
@@ -24,8 +29,11 @@ ROLLOUTS = 12
 # A dead lighthouse costs the trainer one quorum timeout, kept short here. Half the example's
 # prompts a rollout (and half its global batch): what is checked does not need more. DAPO's
 # filter and over-sampling leave groups in the buffer across rollouts, so the kills find it full.
-# Every layer is recomputed in the backward pass: a restart resumes it as any other run.
+# Every layer is recomputed in the backward pass: a restart resumes it as any other run. Trained with
+# PPO: a killed trainer resumes its critic from the snapshot with the policy.
 JOB = [
+    "--set",
+    "algorithm.advantage_estimator=ppo",
     "--set",
     "trainer.recompute=full",
     "--set",
@@ -58,6 +66,13 @@ def kill_the_router_as(rollout_id: int, daemon: Topology, workdir: Path) -> Call
         inject(router, daemon, status(daemon, "tiny-grpo"), workdir, random.Random(0))
 
     return kill_the_router_mid_generation
+
+
+def critic_in_snapshot(workdir: Path, step: int, scratch: Path) -> dict:
+    """The critic's entries (``critic.``: weights, AdamW state, schedule) of the run's snapshot ``step``."""
+    whole = scratch / f"{workdir.name}-{step}.pt"
+    dcp_to_torch_save(layout.snapshot_path(workdir, step), whole)
+    return {name: value for name, value in torch.load(whole, weights_only=False).items() if name.startswith("critic.")}
 
 
 # One idle interpreter of each pooled kind: each kill below is restarted from one.
@@ -93,6 +108,14 @@ def test_killing_any_job_process_changes_nothing(pooled_daemon, tmp_path):
     # global batches, weights bitwise equal to the fault-free run's.
     checks = check_run(faulty, clean, status(daemon, "tiny-grpo")["status"], tolerance=0.0)
     assert all(check.held for check in checks), [check for check in checks if not check.held]
+    # The critic too, its AdamW moments and schedule with it, in the newest snapshot both runs took.
+    step = max(set(valid_steps(clean)) & set(valid_steps(faulty)))
+    assert step > 0
+    clean_critic, faulty_critic = (critic_in_snapshot(run, step, tmp_path) for run in (clean, faulty))
+    assert any(name.startswith("critic.optim.") for name in clean_critic)
+    assert clean_critic.keys() == faulty_critic.keys()
+    for name, value in clean_critic.items():
+        assert torch.equal(faulty_critic[name], value) if torch.is_tensor(value) else faulty_critic[name] == value, name
     lines = metrics(faulty)
     # While the router was down, samples kept coming: straight from the engines.
     assert sum(line["rollout/direct_requests"] for line in lines) > 0
