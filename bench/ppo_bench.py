@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ppo_bench.py                        # both parts
     .venv/bin/python bench/ppo_bench.py --seeds 3 --tiny-rollouts 40 --smollm2-rollouts 3
-    .venv/bin/python bench/ppo_bench.py --seeds 0 --smollm2-rollouts 0 --smollm2-minutes 15 --smollm2-seeds 3
+    .venv/bin/python bench/ppo_bench.py --seeds 0 --smollm2-rollouts 0 --smollm2-minutes 12 --smollm2-seeds 3
 
 The tiny part runs examples/tiny-grpo.yaml for --tiny-rollouts rollouts, once per seed and
 estimator, one job after another under one erld, and prints per run the wall time, the mean reward
@@ -13,7 +13,7 @@ each estimator and prints the mean optimizer step time, the rollout's prepare ti
 pass, and with PPO the critic's values) and its whole training time: what the critic costs a step.
 The SmolLM2 reward part (--smollm2-minutes, off by default) runs the same job once per seed and
 estimator for that many minutes of wall time each and prints per run the rollouts finished, the mean
-reward of the first and last 5 and the reward gained per minute, each estimator's mean reward over the
+reward of the first and last 3 and the reward gained per minute, each estimator's mean reward over the
 seeds by stretch of wall time (the curve), and PPO's ratio of reward gained per minute to GRPO's.
 """
 
@@ -32,6 +32,7 @@ SMOLLM2 = REPO / "examples" / "smollm2-math.yaml"
 ESTIMATORS = ("grpo", "ppo")
 WINDOW = 5
 STRETCH = 3.0  # minutes of wall time per point of the SmolLM2 reward curve
+SMOLLM2_WINDOW = 3  # a SmolLM2 PPO rollout takes about 80 s: a short budget holds few
 
 
 def run_job(endpoint: str, spec: Path, name: str, workdir: Path, overrides: list[str]) -> list[dict]:
@@ -40,11 +41,11 @@ def run_job(endpoint: str, spec: Path, name: str, workdir: Path, overrides: list
     return finished(endpoint, name, workdir)
 
 
-def gained_per_minute(lines: list[dict]) -> tuple[float, float, float]:
-    """The mean reward of the first and the last WINDOW rollouts, and their difference per minute of
+def gained_per_minute(lines: list[dict], window: int = WINDOW) -> tuple[float, float, float]:
+    """The mean reward of the first and the last ``window`` rollouts, and their difference per minute of
     wall time from the job's start to its last rollout."""
     rewards = [line["rollout/reward_mean"] for line in lines]
-    first, last = mean(rewards[:WINDOW]), mean(rewards[-WINDOW:])
+    first, last = mean(rewards[:window]), mean(rewards[-window:])
     return first, last, (last - first) / lines[-1]["minutes"]
 
 
@@ -87,7 +88,10 @@ def smollm2(endpoint: str, root: Path, rollouts: int) -> None:
 
 
 def smollm2_reward(endpoint: str, root: Path, seeds: int, minutes: float) -> None:
-    print("| estimator | seed | rollouts | mean reward, first 5 | mean reward, last 5 | reward gained per minute |")
+    print(
+        f"| estimator | seed | rollouts | mean reward, first {SMOLLM2_WINDOW} | mean reward, last {SMOLLM2_WINDOW} "
+        "| reward gained per minute |"
+    )
     print("|---|---|---|---|---|---|")
     runs: dict[str, list[list[dict]]] = {estimator: [] for estimator in ESTIMATORS}
     for seed in range(1234, 1234 + seeds):
@@ -96,7 +100,7 @@ def smollm2_reward(endpoint: str, root: Path, seeds: int, minutes: float) -> Non
             overrides = [f"seed={seed}", f"algorithm.advantage_estimator={estimator}"]
             lines = stopped_after(endpoint, SMOLLM2, name, root / name, overrides, minutes)
             runs[estimator].append(lines)
-            first, last, gain = gained_per_minute(lines)
+            first, last, gain = gained_per_minute(lines, SMOLLM2_WINDOW)
             print(f"| {estimator} | {seed} | {len(lines)} | {first:.3f} | {last:.3f} | {gain:.3f} |", flush=True)
     stretches = int(minutes // STRETCH)
     print("\n| minutes | " + " | ".join(f"{estimator}: mean reward" for estimator in ESTIMATORS) + " |")
@@ -113,7 +117,10 @@ def smollm2_reward(endpoint: str, root: Path, seeds: int, minutes: float) -> Non
             ]
             cells.append(f"{mean(inside):.3f} ({len(inside)})" if inside else "none")
         print(f"| {start:.0f}-{end:.0f} | " + " | ".join(cells) + " |")
-    gains = {estimator: mean(gained_per_minute(lines)[2] for lines in runs[estimator]) for estimator in ESTIMATORS}
+    gains = {
+        estimator: mean(gained_per_minute(lines, SMOLLM2_WINDOW)[2] for lines in runs[estimator])
+        for estimator in ESTIMATORS
+    }
     for estimator in ESTIMATORS:
         print(f"{estimator}: mean reward gained per minute over {seeds} seeds {gains[estimator]:.4f}")
     print(f"PPO / GRPO: {gains['ppo'] / gains['grpo']:.2f}", flush=True)
