@@ -53,17 +53,24 @@ JOB = [
 ]
 
 
-def kill_the_router_as(rollout_id: int, daemon: Topology, workdir: Path) -> Callable[[], None]:
-    """A fault: the router SIGKILLed as soon as the orchestrator begins generating ``rollout_id`` (a rollout
-    generates in a quarter of a second here: the fault loop's polls are too coarse to land inside it)."""
+def kill_the_router_as(first: int, daemon: Topology, workdir: Path) -> Callable[[], None]:
+    """A fault: the router SIGKILLed as soon as the orchestrator begins generating a rollout, the first from
+    ``first`` on whose generation has not begun yet (a rollout generates in a quarter of a second here: the
+    fault loop's polls are too coarse to land inside it, and on a loaded machine it may call this a rollout
+    or two late). The router's pid is read first: `erl status` takes longer than a generation."""
 
     def kill_the_router_mid_generation() -> None:
+        procs = status(daemon, "tiny-grpo")
+        rollout_id = first
+        while generating(rollout_id)(workdir):
+            rollout_id += 1
+        assert rollout_id < ROLLOUTS, "the job generated its last rollout before the router's kill"
         begun, deadline = generating(rollout_id), time.monotonic() + 120
         while not begun(workdir):
             assert time.monotonic() < deadline, f"rollout {rollout_id} never began generating"
             time.sleep(0.005)
         router = Fault(kind=FaultKind.KILL, target="router")
-        inject(router, daemon, status(daemon, "tiny-grpo"), workdir, random.Random(0))
+        inject(router, daemon, procs, workdir, random.Random(0))
 
     return kill_the_router_mid_generation
 
